@@ -1,0 +1,127 @@
+"""Typed errors of txmq. Every error carries the value that was wrong.
+
+All errors derive from :class:`TxmqError`, so ``except txmq.errors.TxmqError``
+catches anything the broker raises on purpose.
+"""
+
+from __future__ import annotations
+
+
+class TxmqError(Exception):
+    """Base class of every error txmq raises."""
+
+
+class CorruptLogError(TxmqError):
+    """A file failed its checks (magic, length, CRC) at a position.
+
+    Attributes: ``path``, ``position`` (byte offset in the file), ``reason``.
+    """
+
+    def __init__(self, path, position: int, reason: str):
+        self.path = str(path)
+        self.position = int(position)
+        self.reason = reason
+        super().__init__(f"{self.path} at byte {self.position}: {reason}")
+
+
+class DataDirLockedError(TxmqError):
+    """Another process holds the data directory open for writing."""
+
+    def __init__(self, path, holder: str | None = None):
+        self.path = str(path)
+        self.holder = holder
+        who = f" (held by {holder})" if holder else ""
+        super().__init__(f"data directory {self.path} is locked by another writer{who}")
+
+
+class BrokerClosedError(TxmqError):
+    """An operation was attempted on a closed broker, producer or consumer."""
+
+
+class InvalidTopicNameError(TxmqError, ValueError):
+    def __init__(self, name, reason: str):
+        self.name = name
+        super().__init__(f"invalid topic name {name!r}: {reason}")
+
+
+class InvalidSubscriptionNameError(TxmqError, ValueError):
+    def __init__(self, name, reason: str):
+        self.name = name
+        super().__init__(f"invalid subscription name {name!r}: {reason}")
+
+
+class TopicExistsError(TxmqError):
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"topic {name!r} already exists")
+
+
+class TopicNotFoundError(TxmqError, KeyError):
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"topic {name!r} does not exist")
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.args[0]
+
+
+class PartitionNotFoundError(TxmqError, IndexError):
+    def __init__(self, topic: str, partition):
+        self.topic = topic
+        self.partition = partition
+        super().__init__(f"topic {topic!r} has no partition {partition!r}")
+
+
+class SubscriptionNotFoundError(TxmqError, KeyError):
+    def __init__(self, topic: str, subscription: str):
+        self.topic = topic
+        self.subscription = subscription
+        super().__init__(f"topic {topic!r} has no subscription {subscription!r}")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class SubscriptionBusyError(TxmqError):
+    """An exclusive subscription already has a consumer."""
+
+    def __init__(self, topic: str, subscription: str):
+        self.topic = topic
+        self.subscription = subscription
+        super().__init__(
+            f"subscription {subscription!r} on {topic!r} is exclusive and already has a consumer"
+        )
+
+
+class SubscriptionTypeError(TxmqError, ValueError):
+    """A consumer asked a subscription for another type (or operation) than it has."""
+
+    def __init__(self, subscription: str, have: str, wanted: str):
+        self.subscription = subscription
+        self.have = have
+        self.wanted = wanted
+        super().__init__(f"subscription {subscription!r} is {have}, not {wanted}")
+
+
+class MessageTooLargeError(TxmqError, ValueError):
+    def __init__(self, size: int, limit: int):
+        self.size = size
+        self.limit = limit
+        super().__init__(f"message of {size} bytes is over the limit of {limit} bytes")
+
+
+class InvalidMessageError(TxmqError, TypeError):
+    """A value, key, header or event time of the wrong type or range."""
+
+    def __init__(self, what: str, value):
+        self.what = what
+        self.value = value
+        super().__init__(f"invalid {what}: {value!r}"[:500])
+
+
+class NotAcknowledgeableError(TxmqError, ValueError):
+    """An ack named a message this consumer cannot acknowledge."""
+
+    def __init__(self, message_id, reason: str):
+        self.message_id = message_id
+        super().__init__(f"cannot acknowledge {message_id}: {reason}")

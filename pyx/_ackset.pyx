@@ -1,0 +1,216 @@
+# cython: boundscheck=False, wraparound=False
+"""The set of individually acknowledged offsets above a cursor's mark-delete.
+
+Stored as sorted, disjoint, non-adjacent half-open ranges ``[start, end)``
+in two int64 arrays. Lookups are binary searches (O(log n) in the number of
+ranges); an insert that creates or removes a range shifts the arrays' tail
+with one memmove. Acks tend to arrive near mark-delete and merge, so the
+range count stays small in practice.
+
+Serialised form (``to_bytes``): u32 range count, then (i64 start, i64 end)
+per range, little-endian.
+"""
+from libc.stdint cimport int64_t, uint32_t
+from libc.string cimport memmove
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+
+import numpy as np
+
+from _bytes cimport load_u32, load_i64, store_u32, store_i64
+
+
+cdef class AckSet:
+    cdef object _starts, _ends          # np.int64 arrays (capacity)
+    cdef int64_t *s
+    cdef int64_t *e
+    cdef Py_ssize_t n, cap
+
+    def __cinit__(self):
+        self.cap = 16
+        self._alloc(self.cap)
+
+    cdef _alloc(self, Py_ssize_t cap):
+        cdef int64_t[::1] sv, ev
+        starts = np.empty(cap, np.int64)
+        ends = np.empty(cap, np.int64)
+        if self.n:
+            starts[:self.n] = self._starts[:self.n]
+            ends[:self.n] = self._ends[:self.n]
+        self._starts, self._ends = starts, ends
+        sv = starts
+        ev = ends
+        self.s = &sv[0]
+        self.e = &ev[0]
+        self.cap = cap
+
+    cdef Py_ssize_t _find(self, int64_t x) noexcept nogil:
+        """Index of the last range with start <= x, or -1."""
+        cdef Py_ssize_t lo = 0, hi = self.n, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.s[mid] <= x:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - 1
+
+    def __len__(self):
+        return self.n
+
+    def contains(self, int64_t offset):
+        cdef Py_ssize_t i = self._find(offset)
+        return i >= 0 and offset < self.e[i]
+
+    def __contains__(self, offset):
+        return self.contains(offset)
+
+    def add(self, int64_t offset):
+        """Add one offset; True when it was not in the set."""
+        return self.add_range(offset, offset + 1) > 0
+
+    def add_range(self, int64_t start, int64_t end):
+        """Add [start, end); return how many offsets were new."""
+        cdef Py_ssize_t i, j, k
+        cdef int64_t new_start, new_end, covered = 0
+        if end <= start:
+            return 0
+        # Ranges i..j-1 touch or overlap [start, end): merge them.
+        i = self._find(start)
+        if i < 0 or self.e[i] < start:
+            i += 1
+        j = self._find(end) + 1   # first range with start > end
+        new_start = start
+        new_end = end
+        for k in range(i, j):
+            covered += min(self.e[k], end) - max(self.s[k], start) if self.e[k] > start and self.s[k] < end else 0
+            if self.s[k] < new_start:
+                new_start = self.s[k]
+            if self.e[k] > new_end:
+                new_end = self.e[k]
+        if j - i == 1:
+            self.s[i] = new_start
+            self.e[i] = new_end
+        elif j == i:
+            if self.n == self.cap:
+                self._alloc(2 * self.cap)
+            memmove(self.s + i + 1, self.s + i, (self.n - i) * 8)
+            memmove(self.e + i + 1, self.e + i, (self.n - i) * 8)
+            self.s[i] = new_start
+            self.e[i] = new_end
+            self.n += 1
+        else:
+            self.s[i] = new_start
+            self.e[i] = new_end
+            memmove(self.s + i + 1, self.s + j, (self.n - j) * 8)
+            memmove(self.e + i + 1, self.e + j, (self.n - j) * 8)
+            self.n -= j - i - 1
+        return (end - start) - covered
+
+    def remove(self, int64_t offset):
+        """Remove one offset; True when it was in the set."""
+        cdef Py_ssize_t i = self._find(offset)
+        if i < 0 or offset >= self.e[i]:
+            return False
+        if self.s[i] == offset and self.e[i] == offset + 1:
+            memmove(self.s + i, self.s + i + 1, (self.n - i - 1) * 8)
+            memmove(self.e + i, self.e + i + 1, (self.n - i - 1) * 8)
+            self.n -= 1
+        elif self.s[i] == offset:
+            self.s[i] += 1
+        elif self.e[i] == offset + 1:
+            self.e[i] -= 1
+        else:
+            if self.n == self.cap:
+                self._alloc(2 * self.cap)
+            memmove(self.s + i + 2, self.s + i + 1, (self.n - i - 1) * 8)
+            memmove(self.e + i + 2, self.e + i + 1, (self.n - i - 1) * 8)
+            self.s[i + 1] = offset + 1
+            self.e[i + 1] = self.e[i]
+            self.e[i] = offset
+            self.n += 1
+        return True
+
+    def first_unacked(self, int64_t from_offset):
+        """The smallest offset >= ``from_offset`` that is not in the set."""
+        cdef Py_ssize_t i = self._find(from_offset)
+        if i >= 0 and from_offset < self.e[i]:
+            return self.e[i]
+        return from_offset
+
+    def next_acked(self, int64_t from_offset):
+        """(start, end) of the first range ending after ``from_offset``, or None."""
+        cdef Py_ssize_t i = self._find(from_offset)
+        if i >= 0 and from_offset < self.e[i]:
+            return (self.s[i], self.e[i])
+        if i + 1 < self.n:
+            return (self.s[i + 1], self.e[i + 1])
+        return None
+
+    def trim_below(self, int64_t offset):
+        """Forget every offset below ``offset`` (mark-delete moved there)."""
+        cdef Py_ssize_t k = 0
+        while k < self.n and self.e[k] <= offset:
+            k += 1
+        if k:
+            memmove(self.s, self.s + k, (self.n - k) * 8)
+            memmove(self.e, self.e + k, (self.n - k) * 8)
+            self.n -= k
+        if self.n and self.s[0] < offset:
+            self.s[0] = offset
+
+    def count(self):
+        """How many offsets the set holds."""
+        cdef int64_t c = 0
+        cdef Py_ssize_t k
+        for k in range(self.n):
+            c += self.e[k] - self.s[k]
+        return c
+
+    def count_in(self, int64_t start, int64_t end):
+        """How many offsets of [start, end) the set holds."""
+        cdef int64_t c = 0
+        cdef Py_ssize_t k = max(0, self._find(start))
+        while k < self.n and self.s[k] < end:
+            if self.e[k] > start:
+                c += min(self.e[k], end) - max(self.s[k], start)
+            k += 1
+        return c
+
+    def ranges(self):
+        return [(self.s[k], self.e[k]) for k in range(self.n)]
+
+    def clear(self):
+        self.n = 0
+
+    def to_bytes(self):
+        cdef Py_ssize_t k
+        out = PyBytes_FromStringAndSize(NULL, 4 + 16 * self.n)
+        cdef char *p = PyBytes_AS_STRING(out)
+        store_u32(p, <uint32_t>self.n)
+        for k in range(self.n):
+            store_i64(p + 4 + 16 * k, self.s[k])
+            store_i64(p + 12 + 16 * k, self.e[k])
+        return out
+
+    @staticmethod
+    def from_bytes(data):
+        """Inverse of to_bytes; ValueError on malformed input."""
+        cdef const unsigned char[::1] v = data if len(data) else b"\0"
+        cdef Py_ssize_t n, k
+        cdef int64_t a, b
+        if len(data) < 4:
+            raise ValueError("ack set shorter than its count")
+        n = load_u32(<const char *>&v[0])
+        if len(data) != 4 + 16 * n:
+            raise ValueError(f"ack set of {n} ranges needs {4 + 16 * n} bytes, has {len(data)}")
+        out = AckSet()
+        for k in range(n):
+            a = load_i64(<const char *>&v[4 + 16 * k])
+            b = load_i64(<const char *>&v[12 + 16 * k])
+            if b <= a:
+                raise ValueError(f"empty range [{a}, {b})")
+            out.add_range(a, b)
+        return out
+
+    def __repr__(self):
+        return f"AckSet({self.ranges()!r})"

@@ -1,0 +1,76 @@
+# Shared low-level primitives for every txmq Cython module: little-endian
+# loads and stores, bounds checks that raise CorruptLogError, CRC-32C and
+# 8-byte alignment. Modules `cimport` these; nothing here is duplicated.
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, int16_t, int32_t, int64_t, uint64_t
+from libc.string cimport memcpy
+
+
+cdef extern from "crc32c.h" nogil:
+    uint32_t txmq_crc32c_update(uint32_t crc, const void *data, size_t length)
+    uint32_t txmq_crc32c_software(uint32_t crc, const void *data, size_t length)
+    int txmq_crc32c_hardware()
+
+
+# Every txmq format is little-endian; these compile to single moves on
+# x86-64 and AArch64 (memcpy sidesteps alignment and aliasing rules).
+cdef inline uint16_t load_u16(const char *p) noexcept nogil:
+    cdef uint16_t v
+    memcpy(&v, p, 2)
+    return v
+
+cdef inline uint32_t load_u32(const char *p) noexcept nogil:
+    cdef uint32_t v
+    memcpy(&v, p, 4)
+    return v
+
+cdef inline int32_t load_i32(const char *p) noexcept nogil:
+    cdef int32_t v
+    memcpy(&v, p, 4)
+    return v
+
+cdef inline int16_t load_i16(const char *p) noexcept nogil:
+    cdef int16_t v
+    memcpy(&v, p, 2)
+    return v
+
+cdef inline int64_t load_i64(const char *p) noexcept nogil:
+    cdef int64_t v
+    memcpy(&v, p, 8)
+    return v
+
+cdef inline uint64_t load_u64(const char *p) noexcept nogil:
+    cdef uint64_t v
+    memcpy(&v, p, 8)
+    return v
+
+cdef inline void store_u16(char *p, uint16_t v) noexcept nogil:
+    memcpy(p, &v, 2)
+
+cdef inline void store_u32(char *p, uint32_t v) noexcept nogil:
+    memcpy(p, &v, 4)
+
+cdef inline void store_i32(char *p, int32_t v) noexcept nogil:
+    memcpy(p, &v, 4)
+
+cdef inline void store_i16(char *p, int16_t v) noexcept nogil:
+    memcpy(p, &v, 2)
+
+cdef inline void store_i64(char *p, int64_t v) noexcept nogil:
+    memcpy(p, &v, 8)
+
+cdef inline void store_u64(char *p, uint64_t v) noexcept nogil:
+    memcpy(p, &v, 8)
+
+
+cdef inline Py_ssize_t align8(Py_ssize_t n) noexcept nogil:
+    return (n + 7) & ~(<Py_ssize_t>7)
+
+
+cdef inline uint32_t crc32c(const char *p, size_t n) noexcept nogil:
+    return txmq_crc32c_update(0, p, n)
+
+
+# Below this many bytes, releasing and re-taking the GIL costs more than
+# the work it frees other threads for.
+cdef enum:
+    NOGIL_THRESHOLD = 64 * 1024

@@ -1,0 +1,224 @@
+# cython: boundscheck=False, wraparound=False
+"""The framed redo log shared by every log that is not a message log
+(cursors, pending acks, the coordinator log, the half-message log).
+
+File layout (version 1)::
+
+    off size
+      0    4  magic "TXRL" (0x4C525854 little-endian)
+      4    1  version (1)
+      5    3  reserved, 0
+      8       frames, back to back:
+                u32 length   bytes after the CRC field: 1 + len(payload)
+                u32 crc32c   of the type byte and the payload
+                u8  type     1 = SNAPSHOT (reserved); callers use 2..255
+                payload
+
+Replay returns the frames from the last SNAPSHOT frame on, and cuts the
+file at the first frame that is torn or fails its CRC. Compaction writes a
+new file holding one SNAPSHOT frame and renames it over the old one.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport uint8_t, uint32_t
+from libc.string cimport memcpy
+
+import os
+
+from txmq.errors import CorruptLogError
+
+from _bytes cimport load_u32, store_u32, crc32c
+
+cdef enum:
+    REDO_MAGIC = 0x4C525854
+    REDO_VERSION = 1
+    FILE_HEADER_SIZE = 8
+    FRAME_LENGTH_OFFSET = 0
+    FRAME_CRC_OFFSET = FRAME_LENGTH_OFFSET + 4
+    FRAME_TYPE_OFFSET = FRAME_CRC_OFFSET + 4
+    FRAME_HEADER_SIZE = FRAME_TYPE_OFFSET + 1
+    MAX_FRAME_BYTES = 1 << 30
+
+SNAPSHOT = 1
+FILE_HEADER = REDO_MAGIC.to_bytes(4, "little") + bytes([REDO_VERSION, 0, 0, 0])
+assert len(FILE_HEADER) == FILE_HEADER_SIZE and FRAME_HEADER_SIZE == 9
+
+
+cpdef bytes frame(int frame_type, payload):
+    """One encoded frame."""
+    cdef const uint8_t[::1] view = payload if len(payload) else b"\0"
+    cdef Py_ssize_t n = len(payload)
+    if not 1 <= frame_type <= 255:
+        raise ValueError(f"frame type must be 1..255, not {frame_type}")
+    out = PyBytes_FromStringAndSize(NULL, FRAME_HEADER_SIZE + n)
+    cdef char *p = PyBytes_AS_STRING(out)
+    store_u32(p + FRAME_LENGTH_OFFSET, <uint32_t>(1 + n))
+    p[FRAME_TYPE_OFFSET] = <char>frame_type
+    if n:
+        memcpy(p + FRAME_HEADER_SIZE, &view[0], n)
+    store_u32(p + FRAME_CRC_OFFSET, crc32c(p + FRAME_TYPE_OFFSET, 1 + n))
+    return out
+
+
+def parse(data, Py_ssize_t start=FILE_HEADER_SIZE):
+    """Frames of ``data`` from ``start``: ``(frames, end, reason)``.
+
+    ``frames`` lists ``(type, payload, position)``; ``end`` is where the
+    valid prefix stops; ``reason`` is None at a clean end, else why the frame
+    at ``end`` was rejected.
+    """
+    cdef const uint8_t[::1] view = data if len(data) else b"\0"
+    cdef Py_ssize_t n = len(data), pos = start
+    cdef const char *p = <const char *>&view[0]
+    cdef uint32_t length
+    frames = []
+    reason = None
+    while pos < n:
+        if n - pos < FRAME_HEADER_SIZE:
+            reason = "torn frame header"
+            break
+        length = load_u32(p + pos + FRAME_LENGTH_OFFSET)
+        if length < 1 or length > MAX_FRAME_BYTES:
+            reason = f"bad frame length {length}"
+            break
+        if n - pos - FRAME_TYPE_OFFSET < length:
+            reason = "torn frame"
+            break
+        if crc32c(p + pos + FRAME_TYPE_OFFSET, length) != load_u32(p + pos + FRAME_CRC_OFFSET):
+            reason = "frame CRC mismatch"
+            break
+        if <uint8_t>p[pos + FRAME_TYPE_OFFSET] == 0:
+            reason = "frame type 0"
+            break
+        frames.append((<uint8_t>p[pos + FRAME_TYPE_OFFSET],
+                       PyBytes_FromStringAndSize(p + pos + FRAME_HEADER_SIZE, length - 1), pos))
+        pos += FRAME_TYPE_OFFSET + length
+    return frames, pos, reason
+
+
+class RedoLog:
+    """An append-only framed log file.
+
+    ``fsync`` is the broker's mode: with ``"never"`` :meth:`sync` does
+    nothing (writes still reach the page cache, so ``kill -9`` loses
+    nothing that ``append`` returned).
+    """
+
+    def __init__(self, path, fsync="commit"):
+        self.path = os.fspath(path)
+        self.fsync = fsync
+        self.dropped = None
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.size = os.fstat(self._fd).st_size
+        self.frames_since_snapshot = 0
+        if self.size == 0:
+            self._write_header()
+
+    def _write_header(self):
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, FILE_HEADER, 0)
+        self.size = FILE_HEADER_SIZE
+
+    def replay(self):
+        """Frames from the last SNAPSHOT on, as ``[(type, payload)]``.
+
+        A torn or corrupt tail is cut off; ``self.dropped`` then holds
+        ``(position, reason, bytes_dropped)``. A bad file header raises
+        :class:`CorruptLogError`.
+        """
+        data = _read_all(self._fd, self.size)
+        if len(data) < FILE_HEADER_SIZE:
+            if data.strip(b"\0"):
+                self.dropped = (0, "torn file header", len(data))
+            self._write_header()
+            return []
+        if data[:4] != FILE_HEADER[:4]:
+            raise CorruptLogError(self.path, 0, f"bad redo-log magic {data[:4].hex()}")
+        if data[4] != REDO_VERSION:
+            raise CorruptLogError(self.path, 4, f"unknown redo-log version {data[4]}")
+        frames, end, reason = parse(data)
+        if reason is not None:
+            self.dropped = (end, reason, len(data) - end)
+            os.ftruncate(self._fd, end)
+            self.size = end
+        last = 0
+        for i, f in enumerate(frames):
+            if f[0] == SNAPSHOT:
+                last = i
+        frames = frames[last:]
+        self.frames_since_snapshot = len(frames)
+        return [(t, payload) for t, payload, _ in frames]
+
+    def append(self, int frame_type, payload):
+        """Append one frame (to the page cache)."""
+        self._write(frame(frame_type, payload))
+        self.frames_since_snapshot += 1
+
+    def append_many(self, frames):
+        """Append ``[(type, payload)]`` in one write."""
+        buf = b"".join([frame(t, p) for t, p in frames])
+        if buf:
+            self._write(buf)
+            self.frames_since_snapshot += len(frames)
+
+    def _write(self, buf):
+        n = os.pwrite(self._fd, buf, self.size)
+        if n != len(buf):  # a short write leaves a torn frame; rewrite the rest
+            view = memoryview(buf)
+            while n < len(buf):
+                n += os.pwrite(self._fd, view[n:], self.size + n)
+        self.size += len(buf)
+
+    def sync(self, force=False):
+        """fdatasync unless the mode is ``"never"`` (``force`` syncs anyway)."""
+        if force or self.fsync != "never":
+            os.fdatasync(self._fd)
+
+    def compact(self, snapshot_payload):
+        """Replace the log with one SNAPSHOT frame, atomically."""
+        tmp = self.path + ".compact"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            buf = FILE_HEADER + frame(SNAPSHOT, snapshot_payload)
+            os.write(fd, buf)
+            if self.fsync != "never":
+                os.fdatasync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.replace(tmp, self.path)
+        if self.fsync != "never":
+            _sync_dir(os.path.dirname(self.path))
+        os.close(self._fd)
+        self._fd = fd
+        self.size = len(buf)
+        self.frames_since_snapshot = 1
+
+    def close(self):
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    @property
+    def closed(self):
+        return self._fd < 0
+
+
+def _read_all(int fd, Py_ssize_t size):
+    chunks = []
+    pos = 0
+    while pos < size:
+        b = os.pread(fd, min(size - pos, 1 << 24), pos)
+        if not b:
+            break
+        chunks.append(b)
+        pos += len(b)
+    return b"".join(chunks)
+
+
+def _sync_dir(path):
+    fd = os.open(path or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
