@@ -71,6 +71,11 @@ assert HEADER_SIZE == 88 and HEADER_SIZE % 8 == 0, HEADER_SIZE
 assert PUBLISH_TIME_OFFSET == 80 and TXN_ID_OFFSET == 32, (PUBLISH_TIME_OFFSET, TXN_ID_OFFSET)
 
 
+class SegmentClosedError(Exception):
+    """The segment was closed (deleted by retention, or the log closed);
+    a reader holding a position in it must locate its offset again."""
+
+
 # --------------------------------------------------------------------------
 # Mapping: a mmap that counts the views it hands out.
 
@@ -117,6 +122,18 @@ cdef class Mapping:
         self.exports += 1
 
     def __releasebuffer__(self, Py_buffer *buf):
+        self.exports -= 1
+        if self.closing and self.exports == 0:
+            self._unmap()
+
+    cdef inline int pin(self) except -1:
+        """Hold the mapping for the length of a read (as a view would)."""
+        if self.base == NULL:
+            raise SegmentClosedError("segment is closed")
+        self.exports += 1
+        return 0
+
+    cdef inline void unpin(self) noexcept:
         self.exports -= 1
         if self.closing and self.exports == 0:
             self._unmap()
@@ -172,7 +189,8 @@ cdef class BatchSpec:
     cdef list value_list, key_list
     cdef object value_arrow, key_arrow   # pyarrow arrays (kept alive)
     cdef const uint8_t[::1] v_data, k_data, k_valid
-    cdef const char *v_offsets, *k_offsets
+    cdef const char *v_offsets
+    cdef const char *k_offsets
     cdef bint v_large, k_large
     cdef Py_ssize_t v_base, k_base, k_bit_offset
     cdef bytes header_blob
@@ -780,7 +798,11 @@ cdef class Segment:
         if end < 0:
             end = self.size
         if self.mapping is not None:
-            self.mapping.sync(start, end)
+            self._pin()
+            try:
+                self.mapping.sync(start, end)
+            finally:
+                self.mapping.unpin()
 
     # -- recovery ----------------------------------------------------------
 
@@ -889,6 +911,13 @@ cdef class Segment:
     # -- reading -----------------------------------------------------------
 
     cpdef Py_ssize_t locate(self, int64_t offset) except -2:
+        self._pin()
+        try:
+            return self._locate(offset)
+        finally:
+            self.mapping.unpin()
+
+    cdef Py_ssize_t _locate(self, int64_t offset) except -2:
         """Position of the batch holding ``offset`` (or the first batch after
         it); -1 when ``offset`` is at or past this segment's end."""
         cdef Py_ssize_t pos = 0, i
@@ -910,6 +939,13 @@ cdef class Segment:
         return -1
 
     def find_time(self, int64_t timestamp):
+        self._pin()
+        try:
+            return self._find_time(timestamp)
+        finally:
+            self.mapping.unpin()
+
+    def _find_time(self, int64_t timestamp):
         """Offset of the first batch published at or after ``timestamp``, or -1."""
         cdef Py_ssize_t pos = 0, i
         cdef const char *p
@@ -927,6 +963,11 @@ cdef class Segment:
             pos += load_u32(p + pos + LENGTH_OFFSET)
         return -1
 
+    cdef int _pin(self) except -1:
+        if self.mapping is None:
+            raise SegmentClosedError(f"{self.path} is empty")
+        return self.mapping.pin()
+
     cdef Sections _checked(self, Py_ssize_t pos) except *:
         """Check the batch at ``pos`` (CRC once per process) or raise CorruptLogError."""
         cdef Sections s
@@ -941,6 +982,13 @@ cdef class Segment:
         return s
 
     def batch_at(self, Py_ssize_t pos):
+        self._pin()
+        try:
+            return self._batch_at(pos)
+        finally:
+            self.mapping.unpin()
+
+    def _batch_at(self, Py_ssize_t pos):
         """The checked header of the batch at ``pos``."""
         self._checked(pos)
         cdef const char *p = self.mapping.base + pos
@@ -961,6 +1009,13 @@ cdef class Segment:
         return b
 
     def messages(self, Py_ssize_t pos, int64_t from_offset=0, Py_ssize_t limit=0x7FFFFFFF):
+        self._pin()
+        try:
+            return self._messages(pos, from_offset, limit)
+        finally:
+            self.mapping.unpin()
+
+    def _messages(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit):
         """Decode the batch at ``pos`` into ``(offset, key, value, headers,
         event_time)`` tuples, from ``from_offset`` on, at most ``limit``."""
         cdef Sections s = self._checked(pos)
@@ -995,6 +1050,13 @@ cdef class Segment:
         return out
 
     def arrow_buffers(self, Py_ssize_t pos):
+        self._pin()
+        try:
+            return self._arrow_buffers(pos)
+        finally:
+            self.mapping.unpin()
+
+    def _arrow_buffers(self, Py_ssize_t pos):
         """Zero-copy views of one batch for Arrow: a dict of memoryviews over
         the mapping (``key_offsets``, ``keys``, ``validity`` or None,
         ``value_offsets``, ``values``, ``event_deltas``) plus ``count``."""

@@ -1,0 +1,507 @@
+"""A partition: an append-only log of batches in rolling segment files.
+
+Files in ``<data>/topics/<topic>/<p>/`` (docs/FORMAT.md has the bytes):
+
+- ``<base>.log`` segments, ``<base>`` the 20-digit base offset;
+- ``<base>.index`` (offset, position) and ``<base>.timeindex``
+  (publish time, offset) sparse entries, appended as they are made durable;
+- ``recovery-point``: the segment, position and next offset below which the
+  log was checked and (in the fsync modes that promise it) made durable.
+  Opening scans only from there, so reopening costs the same however long
+  the log is.
+
+Appends take the partition lock; reads take no lock (a reader only looks
+below ``end_offset``, which moves after the bytes are in place).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from txmq._log import BatchSpec, Segment, crc32c_of
+from txmq.errors import CorruptLogError, MessageTooLargeError
+
+log = logging.getLogger("txmq.partition")
+
+SEGMENT_SUFFIX = ".log"
+INDEX_ENTRY = np.dtype([("a", "<i8"), ("b", "<i8")])
+
+# recovery-point: magic, version, 3 reserved, segment base, position,
+# next offset, crc32c of the 32 bytes before it, 4 reserved.
+RECOVERY_POINT = struct.Struct("<4sB3xqqqI4x")
+RECOVERY_POINT_MAGIC = b"TXRP"
+RECOVERY_POINT_VERSION = 1
+assert RECOVERY_POINT.size == 40
+
+# Bytes appended between two recovery points; bounds the scan on reopen.
+CHECKPOINT_BYTES = 16 * 1024 * 1024
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Dropped:
+    """What opening a partition cut off: a torn or corrupt tail."""
+
+    path: str
+    position: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path} at byte {self.position}: {self.reason}"
+
+
+class Partition:
+    """One partition's log. Thread-safe for appends; reads are lock-free."""
+
+    def __init__(self, path, topic: str, index: int, *, fsync: str = "commit",
+                 segment_bytes_max: int = 256 * 1024 * 1024, max_message_bytes: int = 5 * 1024 * 1024,
+                 index_interval_bytes: int = 4096, clock=now_ms):
+        self.path = os.fspath(path)
+        self.topic = topic
+        self.index = index
+        self.fsync = fsync
+        self.segment_bytes_max = segment_bytes_max
+        self.max_message_bytes = max_message_bytes
+        self.index_interval_bytes = index_interval_bytes
+        self.clock = clock
+        self.lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._synced_offset = 0          # every offset below is durable
+        self._listeners = []             # called with no lock held after an append
+        self.dropped: list[Dropped] = []  # what recovery cut off, for stats and logs
+        self._segments: tuple = ()
+        self._checkpoint_pos = 0         # position in the active segment of the last recovery point
+        self._index_written = {}         # segment base -> (offset entries, time entries) on disk
+        self.last_publish_time = 0
+        os.makedirs(self.path, exist_ok=True)
+        self._open()
+
+    # -- names ---------------------------------------------------------------
+
+    def _file(self, base: int, suffix: str) -> str:
+        return os.path.join(self.path, f"{base:020d}{suffix}")
+
+    @property
+    def segments(self) -> tuple:
+        return self._segments
+
+    @property
+    def active(self) -> Segment:
+        return self._segments[-1]
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset still in the log (retention moves it up)."""
+        return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The log end offset: the offset the next message will get."""
+        return self._segments[-1].next_offset
+
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    # -- opening and recovery ------------------------------------------------
+
+    def _open(self) -> None:
+        bases = sorted(int(n[:-len(SEGMENT_SUFFIX)]) for n in os.listdir(self.path)
+                       if n.endswith(SEGMENT_SUFFIX) and n[:-len(SEGMENT_SUFFIX)].isdigit())
+        if not bases:
+            seg = Segment(self._file(0, SEGMENT_SUFFIX), 0, self.segment_bytes_max, True,
+                          self.index_interval_bytes)
+            seg.recover(0, 0)
+            self._segments = (seg,)
+            self._write_recovery_point()
+            return
+        cp = self._read_recovery_point(bases)
+        segments = []
+        for i, base in enumerate(bases):
+            last = i == len(bases) - 1
+            next_base = bases[i + 1] if not last else None
+            scan_from = None              # None: trust the file up to its size
+            if cp is None:
+                scan_from = (0, base)
+            elif base == cp[0]:
+                scan_from = (cp[1], cp[2])
+            elif base > cp[0]:
+                scan_from = (0, base)
+            writable = last or scan_from is not None
+            seg = Segment(self._file(base, SEGMENT_SUFFIX), base,
+                          self.segment_bytes_max if last else 0, writable, self.index_interval_bytes)
+            segments.append(seg)
+            if scan_from is None:
+                self._adopt_index(seg, seg.file_size, next_base)
+                continue
+            pos, next_offset = scan_from
+            if pos and not self._adopt_index(seg, pos, next_offset, partial=True):
+                pos, next_offset = 0, base
+            bad = seg.recover(pos, next_offset)
+            if bad is not None:
+                self._report(Dropped(seg.path, bad[0], bad[1]))
+                # Offsets must stay dense: nothing after a cut survives.
+                for later in bases[i + 1:]:
+                    self._report(Dropped(self._file(later, SEGMENT_SUFFIX), 0,
+                                         "segment after a truncated one"))
+                    for suffix in (SEGMENT_SUFFIX, ".index", ".timeindex"):
+                        _unlink(self._file(later, suffix))
+                if not last:
+                    seg.close(trim=True)
+                    segments[-1] = Segment(seg.path, base, self.segment_bytes_max, True,
+                                           self.index_interval_bytes)
+                    segments[-1].recover(0, base)
+                self._rewrite_index(segments[-1])
+                break
+            if next_base is not None and seg.next_offset != next_base:
+                raise CorruptLogError(seg.path, seg.size,
+                                      f"segment ends at offset {seg.next_offset}, next one starts at {next_base}")
+            self._rewrite_index(seg)
+            if not last:
+                seg.seal()
+        self._segments = tuple(segments)
+        self.last_publish_time = max((s.last_publish_time for s in segments), default=0)
+        self._synced_offset = self.end_offset
+        self._write_recovery_point()
+
+    def _report(self, dropped: Dropped) -> None:
+        self.dropped.append(dropped)
+        log.warning("txmq: truncated %s", dropped)
+
+    def _read_recovery_point(self, bases):
+        try:
+            with open(os.path.join(self.path, "recovery-point"), "rb") as f:
+                raw = f.read(RECOVERY_POINT.size)
+            magic, version, base, pos, next_offset, crc = RECOVERY_POINT.unpack(raw)
+        except (OSError, struct.error):
+            return None
+        if (magic != RECOVERY_POINT_MAGIC or version != RECOVERY_POINT_VERSION
+                or crc != crc32c_of(raw[:32]) or base not in bases or pos < 0 or next_offset < base):
+            self._report(Dropped(os.path.join(self.path, "recovery-point"), 0,
+                                 "invalid recovery point; scanning every segment"))
+            return None
+        if pos > os.path.getsize(self._file(base, SEGMENT_SUFFIX)):
+            return None
+        return base, pos, next_offset
+
+    def _write_recovery_point(self) -> None:
+        seg = self.active
+        body = RECOVERY_POINT.pack(RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION,
+                                   seg.base_offset, seg.size, seg.next_offset, 0)[:32]
+        raw = body + struct.pack("<I4x", crc32c_of(body))
+        fd = os.open(os.path.join(self.path, "recovery-point"), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, raw, 0)
+        finally:
+            os.close(fd)
+        self._checkpoint_pos = seg.size
+
+    # -- index files ---------------------------------------------------------
+
+    def _adopt_index(self, seg: Segment, size: int, next_offset, partial: bool = False) -> bool:
+        """Load the on-disk indexes of a segment known good up to ``size``.
+
+        A trusted segment whose indexes fail their checks is rescanned and
+        its indexes rebuilt; for a ``partial`` adoption (the caller scans the
+        rest) a failure returns False and the caller scans from byte 0."""
+        off = _load_entries(self._file(seg.base_offset, ".index"))
+        tix = _load_entries(self._file(seg.base_offset, ".timeindex"))
+        if partial:
+            off = off[off["b"] < size] if off is not None else None
+            if tix is not None and off is not None:
+                limit = off["a"][-1] if len(off) else seg.base_offset
+                tix = tix[tix["b"] <= limit]
+        ok = (off is not None and tix is not None and _valid_entries(off, seg.base_offset, size)
+              and _monotone(tix))
+        if next_offset is None:
+            next_offset = -1
+        if ok:
+            if next_offset < 0:
+                next_offset = _next_offset_of_last(seg, off, size)
+            seg.load_index(off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
+            self._index_written[seg.base_offset] = (len(off), len(tix))
+            return True
+        if partial:
+            return False
+        # Missing or damaged index of a segment we trust: rebuild by scanning.
+        if (off is not None or tix is not None) or size:
+            self._report(Dropped(self._file(seg.base_offset, ".index"), 0, "index rebuilt from its segment"))
+        bad = seg.recover(0, seg.base_offset)
+        if bad is not None:
+            raise CorruptLogError(seg.path, bad[0], bad[1])
+        self._rewrite_index(seg)
+        return True
+
+    def _rewrite_index(self, seg: Segment) -> None:
+        offs, poss, ts, toffs = seg.index_entries()
+        _write_entries(self._file(seg.base_offset, ".index"), offs, poss, truncate=True)
+        _write_entries(self._file(seg.base_offset, ".timeindex"), ts, toffs, truncate=True)
+        self._index_written[seg.base_offset] = (len(offs), len(ts))
+
+    def _append_index(self, seg: Segment) -> None:
+        offs, poss, ts, toffs = seg.index_entries()
+        n_off, n_ts = self._index_written.get(seg.base_offset, (0, 0))
+        if n_off > len(offs) or n_ts > len(ts):
+            return self._rewrite_index(seg)
+        _write_entries(self._file(seg.base_offset, ".index"), offs[n_off:], poss[n_off:])
+        _write_entries(self._file(seg.base_offset, ".timeindex"), ts[n_ts:], toffs[n_ts:])
+        self._index_written[seg.base_offset] = (len(offs), len(ts))
+
+    # -- appending -----------------------------------------------------------
+
+    def add_listener(self, cb) -> None:
+        self._listeners.append(cb)
+
+    def remove_listener(self, cb) -> None:
+        try:
+            self._listeners.remove(cb)
+        except ValueError:
+            pass
+
+    def append(self, spec: BatchSpec, *, flags: int = 0, txn=(0, 0), producer_id: int = -1,
+               producer_epoch: int = -1, base_sequence: int = -1, sync: bool | None = None) -> int:
+        """Append one batch; return its base offset.
+
+        ``sync`` makes it durable before returning; by default it follows
+        the fsync mode (only ``"always"`` syncs plain appends).
+        """
+        if spec.max_message_bytes > self.max_message_bytes:
+            raise MessageTooLargeError(spec.max_message_bytes, self.max_message_bytes)
+        need = spec.encoded_size()
+        if need > self.segment_bytes_max:
+            raise MessageTooLargeError(need, self.segment_bytes_max)
+        with self.lock:
+            publish_time = max(self.clock(), self.last_publish_time)
+            seg = self.active
+            base = seg.append(spec, flags, txn[0], txn[1], producer_id, producer_epoch,
+                              base_sequence, publish_time)
+            if base < 0:
+                self._roll()
+                seg = self.active
+                base = seg.append(spec, flags, txn[0], txn[1], producer_id, producer_epoch,
+                                  base_sequence, publish_time)
+                assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
+            self.last_publish_time = publish_time
+            end = seg.next_offset
+            if seg.size - self._checkpoint_pos >= CHECKPOINT_BYTES:
+                self._checkpoint()
+        if sync if sync is not None else self.fsync == "always":
+            self.sync_to(end)
+        for cb in self._listeners:
+            cb(self)
+        return base
+
+    def _roll(self) -> None:
+        """Seal the active segment and start the next (partition lock held)."""
+        old = self.active
+        if self.fsync != "never":
+            old.sync()
+        old.seal()
+        self._rewrite_index(old)
+        seg = Segment(self._file(old.next_offset, SEGMENT_SUFFIX), old.next_offset,
+                      self.segment_bytes_max, True, self.index_interval_bytes)
+        seg.recover(0, old.next_offset)
+        self._segments = self._segments + (seg,)
+        self._write_recovery_point()
+
+    def _checkpoint(self) -> None:
+        """Make the bytes so far durable (unless fsync="never") and record a
+        recovery point there (partition lock held)."""
+        seg = self.active
+        if self.fsync != "never":
+            seg.sync(self._checkpoint_pos, seg.size)
+        self._append_index(seg)
+        self._write_recovery_point()
+
+    def sync_to(self, offset: int) -> None:
+        """Make every offset below ``offset`` durable. Threads that wait here
+        together share one msync (group commit)."""
+        if self._synced_offset >= offset:
+            return
+        with self._sync_lock:
+            if self._synced_offset >= offset:
+                return
+            segs = self._segments
+            end = segs[-1].next_offset
+            for seg in reversed(segs):
+                if seg.next_offset <= self._synced_offset:
+                    break
+                seg.sync()
+            self._synced_offset = max(self._synced_offset, end)
+
+    # -- reading -------------------------------------------------------------
+
+    def segment_for(self, offset: int):
+        """(segment, position) of the batch holding ``offset`` or the first
+        batch after it; (None, -1) when ``offset`` is at or past the end."""
+        segs = self._segments
+        lo, hi = 0, len(segs)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if segs[mid].base_offset <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        i = max(0, lo - 1)
+        for seg in segs[i:]:
+            pos = seg.locate(max(offset, seg.base_offset))
+            if pos >= 0:
+                return seg, pos
+        return None, -1
+
+    def next_batch(self, seg: Segment, pos: int):
+        """The (segment, position) after the batch at ``pos``."""
+        end = pos + seg.batch_at(pos).length
+        if end < seg.size:
+            return seg, end
+        segs = self._segments
+        for i, s in enumerate(segs):
+            if s is seg and i + 1 < len(segs):
+                nxt = segs[i + 1]
+                return (nxt, 0) if nxt.size else (None, -1)
+        return None, -1
+
+    def read(self, offset: int, max_messages: int = 1000, end_offset: int | None = None):
+        """Messages from ``offset`` as (offset, key, value, headers,
+        event_time, publish_time, batch) tuples, below ``end_offset``."""
+        out = []
+        limit = self.end_offset if end_offset is None else end_offset
+        seg, pos = self.segment_for(offset)
+        while seg is not None and len(out) < max_messages:
+            info = seg.batch_at(pos)
+            if info.base_offset >= limit:
+                break
+            if not info.is_control:
+                take = min(max_messages - len(out), limit - max(offset, info.base_offset))
+                for m in seg.messages(pos, offset, take):
+                    out.append(m + (info.publish_time, info))
+            seg, pos = self.next_batch(seg, pos)
+        return out
+
+    def find_time(self, timestamp_ms: int) -> int:
+        """First offset published at or after ``timestamp_ms`` (end if none)."""
+        for seg in self._segments:
+            if seg.size and seg.last_publish_time >= timestamp_ms:
+                off = seg.find_time(timestamp_ms)
+                if off >= 0:
+                    return off
+        return self.end_offset
+
+    # -- retention -----------------------------------------------------------
+
+    def delete_segments(self, keep_from_offset: int, retention_ms: int | None,
+                        retention_bytes: int | None) -> int:
+        """Delete whole sealed segments that retention allows and that end at
+        or below ``keep_from_offset``; return how many were deleted."""
+        deleted = 0
+        with self.lock:
+            segs = list(self._segments)
+            total = sum(s.size for s in segs)
+            now = self.clock()
+            while len(segs) > 1:
+                seg = segs[0]
+                if seg.next_offset > keep_from_offset:
+                    break
+                too_old = retention_ms is not None and now - seg.last_publish_time > retention_ms
+                too_big = retention_bytes is not None and total > retention_bytes
+                if not (too_old or too_big):
+                    break
+                segs.pop(0)
+                total -= seg.size
+                self._segments = tuple(segs)
+                seg.close(trim=False)
+                for suffix in (SEGMENT_SUFFIX, ".index", ".timeindex"):
+                    _unlink(self._file(seg.base_offset, suffix))
+                self._index_written.pop(seg.base_offset, None)
+                deleted += 1
+        return deleted
+
+    # -- lifetime --------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write indexes and a recovery point for everything appended so far."""
+        with self.lock:
+            self._checkpoint()
+
+    def close(self) -> None:
+        with self.lock:
+            if not self._segments:
+                return
+            seg = self.active
+            if self.fsync != "never":
+                seg.sync()
+            seg.seal()
+            self._rewrite_index(seg)
+            self._write_recovery_point()
+            for s in self._segments:
+                s.close()
+            self._segments = ()
+
+    def stats(self) -> dict:
+        segs = self._segments
+        return {
+            "start_offset": segs[0].base_offset if segs else None,
+            "end_offset": segs[-1].next_offset if segs else None,
+            "bytes": sum(s.size for s in segs),
+            "segments": len(segs),
+            "truncated_on_open": [str(d) for d in self.dropped],
+        }
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _load_entries(path: str):
+    try:
+        raw = np.fromfile(path, dtype=np.uint8)
+    except (FileNotFoundError, ValueError):
+        return None
+    if len(raw) % INDEX_ENTRY.itemsize:
+        raw = raw[: len(raw) - len(raw) % INDEX_ENTRY.itemsize]  # torn last entry
+    return raw.view(INDEX_ENTRY)
+
+
+def _write_entries(path: str, a, b, truncate: bool = False) -> None:
+    entries = np.empty(len(a), INDEX_ENTRY)
+    entries["a"] = a
+    entries["b"] = b
+    mode = "wb" if truncate else "ab"
+    with open(path, mode) as f:
+        f.write(entries.tobytes())
+
+
+def _monotone(entries) -> bool:
+    return bool(np.all(np.diff(entries["a"]) > 0) and np.all(np.diff(entries["b"]) >= 0))
+
+
+def _valid_entries(entries, base: int, size: int) -> bool:
+    if not len(entries):
+        return True
+    a, b = entries["a"], entries["b"]
+    return bool(a[0] >= base and b[0] >= 0 and b[-1] < size and np.all(np.diff(a) > 0)
+                and np.all(np.diff(b) > 0))
+
+
+def _next_offset_of_last(seg: Segment, entries, size: int) -> int:
+    """Next offset of a trusted segment: walk from its last index entry."""
+    pos = int(entries["b"][-1]) if len(entries) else 0
+    seg.load_index([], [], [], [], size, seg.base_offset)
+    nxt = seg.base_offset
+    while pos < size:
+        info = seg.batch_at(pos)
+        nxt = info.next_offset
+        pos = info.end
+    return nxt
