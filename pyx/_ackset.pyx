@@ -170,6 +170,8 @@ cdef class AckSet:
         """How many offsets of [start, end) the set holds."""
         cdef int64_t c = 0
         cdef Py_ssize_t k = max(0, self._find(start))
+        if end <= start:
+            return 0
         while k < self.n and self.s[k] < end:
             if self.e[k] > start:
                 c += min(self.e[k], end) - max(self.s[k], start)

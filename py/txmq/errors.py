@@ -125,3 +125,32 @@ class NotAcknowledgeableError(TxmqError, ValueError):
     def __init__(self, message_id, reason: str):
         self.message_id = message_id
         super().__init__(f"cannot acknowledge {message_id}: {reason}")
+
+
+class InvalidArgumentError(TxmqError, ValueError):
+    """An argument outside the values a call accepts."""
+
+    def __init__(self, name: str, value, allowed: str):
+        self.name = name
+        self.value = value
+        super().__init__(f"invalid {name} {value!r}: expected {allowed}")
+
+
+class IsolationLevelMismatchError(TxmqError, ValueError):
+    """A consumer asked a subscription for another isolation level than it has."""
+
+    def __init__(self, subscription: str, have: str, wanted: str):
+        self.subscription = subscription
+        self.have = have
+        self.wanted = wanted
+        super().__init__(
+            f"subscription {subscription!r} reads {have}; a consumer asked for {wanted}")
+
+
+class TopicBusyError(TxmqError):
+    """A topic still has consumers attached and was not deleted."""
+
+    def __init__(self, name: str, consumers: int):
+        self.name = name
+        self.consumers = consumers
+        super().__init__(f"topic {name!r} has {consumers} consumer(s) attached; close them or pass force=True")

@@ -109,6 +109,12 @@ class Partition:
         """The log end offset: the offset the next message will get."""
         return self._segments[-1].next_offset
 
+    @property
+    def max_read_position(self) -> int:
+        """Where READ_COMMITTED reads stop (Kafka's last stable offset).
+        With no transaction open on this partition it is the log end."""
+        return self._segments[-1].next_offset
+
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
 

@@ -1,0 +1,16 @@
+"""txmq: an embedded, high-throughput transactional message broker.
+
+>>> import txmq
+>>> with txmq.Broker("data") as broker:                # doctest: +SKIP
+...     broker.create_topic("orders", partitions=4)
+...     broker.producer("orders").send(b"hello", key=b"k")
+"""
+
+from txmq import errors
+from txmq.broker import Broker
+from txmq.consumer import Consumer
+from txmq.message import Message, MessageId, MessageIds
+from txmq.producer import Producer
+
+__all__ = ["Broker", "Consumer", "Message", "MessageId", "MessageIds", "Producer", "errors"]
+__version__ = "0.1.0"

@@ -1,0 +1,344 @@
+"""The embedded broker: a data directory, its topics and subscriptions.
+
+Layout of a data directory (docs/FORMAT.md has every file's bytes)::
+
+    <data>/LOCK                                   one writer process (flock)
+    <data>/topics/<topic>/topic.json              partitions, retention
+    <data>/topics/<topic>/<p>/...                 the partition log
+    <data>/subscriptions/<topic>/<sub>/subscription.json
+    <data>/subscriptions/<topic>/<sub>/cursor-<p>.log
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+
+from txmq.consumer import Consumer
+from txmq.errors import (BrokerClosedError, DataDirLockedError, InvalidArgumentError,
+                         IsolationLevelMismatchError, SubscriptionBusyError,
+                         SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
+                         TopicExistsError, TopicNotFoundError)
+from txmq.producer import Producer
+from txmq.scheduler import Scheduler
+from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription, _write_json
+from txmq.topic import Topic, check_subscription_name, check_topic_name
+
+log = logging.getLogger("txmq.broker")
+
+FSYNC_MODES = ("commit", "always", "never")
+MiB = 1024 * 1024
+
+
+class Broker:
+    """An embedded broker on a data directory.
+
+    ``fsync``: ``"commit"`` (default) makes cursor and transaction state
+    durable and leaves plain sends in the page cache when they return;
+    ``"always"`` makes every acknowledged send durable (threads share
+    syncs); ``"never"`` syncs nothing. Every mode survives ``kill -9``.
+
+    ``segment_bytes_max`` sizes segment files; ``max_message_bytes`` limits
+    one message; ``retention_ms`` / ``retention_bytes`` are the defaults of
+    topics that set none (None: keep everything); retention only ever
+    deletes whole segments below every subscription's mark-delete.
+    """
+
+    def __init__(self, path, fsync: str = "commit", *, segment_bytes_max: int = 256 * MiB,
+                 max_message_bytes: int = 5 * MiB, index_interval_bytes: int = 4096,
+                 retention_ms: int | None = None, retention_bytes: int | None = None,
+                 retention_check_interval: float = 60.0):
+        if fsync not in FSYNC_MODES:
+            raise InvalidArgumentError("fsync", fsync, " | ".join(FSYNC_MODES))
+        if not isinstance(segment_bytes_max, int) or segment_bytes_max < 4096:
+            raise InvalidArgumentError("segment_bytes_max", segment_bytes_max, "an int >= 4096")
+        if not isinstance(max_message_bytes, int) or not 0 < max_message_bytes <= segment_bytes_max // 2:
+            raise InvalidArgumentError("max_message_bytes", max_message_bytes,
+                                       "an int > 0 and at most half of segment_bytes_max")
+        self.path = os.path.abspath(os.fspath(path))
+        self.fsync = fsync
+        self.retention_ms = retention_ms
+        self.retention_bytes = retention_bytes
+        self._partition_options = dict(fsync=fsync, segment_bytes_max=segment_bytes_max,
+                                       max_message_bytes=max_message_bytes,
+                                       index_interval_bytes=index_interval_bytes)
+        self._lock = threading.RLock()
+        self._topics: dict[str, Topic] = {}
+        self._closed = True
+        os.makedirs(self.path, exist_ok=True)
+        self._lock_fd = _take_lock(self.path)
+        try:
+            os.makedirs(os.path.join(self.path, "topics"), exist_ok=True)
+            os.makedirs(os.path.join(self.path, "subscriptions"), exist_ok=True)
+            self._recover()
+        except BaseException:
+            for t in self._topics.values():
+                t.close()
+            os.close(self._lock_fd)
+            raise
+        self._closed = False
+        self._scheduler = Scheduler()
+        self._scheduler.every(retention_check_interval, self.enforce_retention)
+
+    # -- opening -------------------------------------------------------------
+
+    def _recover(self) -> None:
+        topics_dir = os.path.join(self.path, "topics")
+        for name in sorted(os.listdir(topics_dir)):
+            tdir = os.path.join(topics_dir, name)
+            if not os.path.exists(os.path.join(tdir, "topic.json")):
+                # Creation or deletion stopped half way: topic.json is
+                # written first to exist and removed first to be deleted.
+                shutil.rmtree(tdir, ignore_errors=True)
+                shutil.rmtree(os.path.join(self.path, "subscriptions", name), ignore_errors=True)
+                continue
+            topic = Topic(tdir, name, Topic.load_config(tdir), self._partition_options)
+            self._topics[name] = topic
+            sdir = os.path.join(self.path, "subscriptions", name)
+            for sub in sorted(os.listdir(sdir)) if os.path.isdir(sdir) else ():
+                meta_path = os.path.join(sdir, sub, "subscription.json")
+                if not os.path.exists(meta_path):
+                    shutil.rmtree(os.path.join(sdir, sub), ignore_errors=True)
+                    continue
+                import json
+                with open(meta_path) as f:
+                    meta = json.load(f)
+                topic.subscriptions[sub] = Subscription(
+                    self, topic, sub, os.path.join(sdir, sub), type=meta["type"],
+                    isolation=meta["isolation"], initial_position=meta["initial_position"],
+                    ack_timeout=None, nack_delay=1.0)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BrokerClosedError(f"broker on {self.path} is closed")
+
+    def _topic(self, name: str) -> Topic:
+        check_topic_name(name)
+        try:
+            return self._topics[name]
+        except KeyError:
+            raise TopicNotFoundError(name) from None
+
+    # -- topics ----------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int = 1, *, retention_ms: int | None = None,
+                     retention_bytes: int | None = None) -> None:
+        """Create a topic of ``partitions`` partitions (fixed from now on)."""
+        self._check_open()
+        check_topic_name(name)
+        if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= 10_000:
+            raise InvalidArgumentError("partitions", partitions, "an int from 1 to 10000")
+        for arg, value in (("retention_ms", retention_ms), ("retention_bytes", retention_bytes)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise InvalidArgumentError(arg, value, "None or an int >= 0")
+        with self._lock:
+            if name in self._topics:
+                raise TopicExistsError(name)
+            tdir = os.path.join(self.path, "topics", name)
+            shutil.rmtree(tdir, ignore_errors=True)
+            os.makedirs(tdir)
+            config = {"partitions": partitions, "retention_ms": retention_ms,
+                      "retention_bytes": retention_bytes}
+            topic = Topic(tdir, name, config, self._partition_options)
+            Topic.write_config(tdir, config)
+            self._topics[name] = topic
+
+    def topics(self) -> list:
+        """Names of every topic, sorted."""
+        self._check_open()
+        return sorted(self._topics)
+
+    def describe_topic(self, name: str) -> dict:
+        """Partitions, offsets, retention and subscriptions of a topic."""
+        self._check_open()
+        return self._topic(name).describe()
+
+    def delete_topic(self, name: str, *, force: bool = False) -> None:
+        """Delete a topic, its data and its subscriptions. Refused while
+        consumers are attached unless ``force`` (they are then closed)."""
+        self._check_open()
+        with self._lock:
+            topic = self._topic(name)
+            consumers = [c for s in topic.subscriptions.values() for c in list(s.consumers)]
+            if consumers and not force:
+                raise TopicBusyError(name, len(consumers))
+            for c in consumers:
+                c.close()
+            del self._topics[name]
+            os.unlink(os.path.join(topic.path, "topic.json"))
+            topic.close()
+            shutil.rmtree(topic.path, ignore_errors=True)
+            shutil.rmtree(os.path.join(self.path, "subscriptions", name), ignore_errors=True)
+
+    # -- producers and consumers --------------------------------------------------
+
+    def producer(self, topic: str) -> Producer:
+        """A producer for ``topic``."""
+        self._check_open()
+        return Producer(self, self._topic(topic))
+
+    def subscribe(self, topic: str, subscription: str, type: str = "exclusive", *,
+                  isolation: str = "read_committed", initial_position: str = "latest",
+                  ack_timeout: float | None = None, nack_delay: float = 1.0,
+                  consumer_name: str | None = None) -> Consumer:
+        """Attach a consumer to ``subscription`` on ``topic``, creating the
+        subscription at ``initial_position`` if it does not exist.
+
+        ``type``: ``"exclusive"`` (one consumer), ``"shared"`` (messages
+        spread over consumers) or ``"failover"`` (one active consumer per
+        partition). ``isolation`` is fixed when the subscription is created;
+        a consumer asking for another level gets
+        :class:`IsolationLevelMismatchError`. ``ack_timeout`` seconds (None:
+        never) redelivers what a consumer holds unacknowledged that long;
+        ``nack_delay`` seconds is how long a nacked message waits.
+        """
+        self._check_open()
+        if type not in TYPES:
+            raise InvalidArgumentError("subscription type", type, " | ".join(TYPES))
+        if isolation not in ISOLATIONS:
+            raise InvalidArgumentError("isolation", isolation, " | ".join(ISOLATIONS))
+        if initial_position not in POSITIONS:
+            raise InvalidArgumentError("initial_position", initial_position, " | ".join(POSITIONS))
+        if ack_timeout is not None and not (isinstance(ack_timeout, (int, float)) and ack_timeout > 0):
+            raise InvalidArgumentError("ack_timeout", ack_timeout, "None or seconds > 0")
+        if not isinstance(nack_delay, (int, float)) or nack_delay < 0:
+            raise InvalidArgumentError("nack_delay", nack_delay, "seconds >= 0")
+        check_subscription_name(subscription)
+        with self._lock:
+            t = self._topic(topic)
+            sub = t.subscriptions.get(subscription)
+            if sub is None:
+                sub = Subscription(self, t, subscription,
+                                   os.path.join(self.path, "subscriptions", topic, subscription),
+                                   type=type, isolation=isolation, initial_position=initial_position,
+                                   ack_timeout=ack_timeout, nack_delay=nack_delay)
+                t.subscriptions[subscription] = sub
+            else:
+                if sub.isolation != isolation:
+                    raise IsolationLevelMismatchError(subscription, sub.isolation, isolation)
+                with sub.cond:
+                    if sub.type != type:
+                        if sub.consumers:
+                            raise SubscriptionTypeError(subscription, sub.type, type)
+                        sub.type = type
+                        _write_json(os.path.join(sub.path, "subscription.json"),
+                                    {"type": type, "isolation": sub.isolation,
+                                     "initial_position": sub.initial_position})
+                    if not sub.consumers:
+                        sub.ack_timeout = ack_timeout
+                        sub.nack_delay = nack_delay
+            return Consumer(self, sub, consumer_name)
+
+    def _unsubscribe(self, consumer: Consumer) -> None:
+        with self._lock:
+            sub = consumer._sub
+            others = [c for c in sub.consumers if c is not consumer]
+            if others:
+                raise SubscriptionBusyError(sub.topic.name, sub.name)
+            consumer.close()
+            sub.topic.subscriptions.pop(sub.name, None)
+            sub.close()
+            shutil.rmtree(sub.path, ignore_errors=True)
+
+    def subscriptions(self, topic: str) -> list:
+        """Names of the subscriptions of ``topic``."""
+        self._check_open()
+        return sorted(self._topic(topic).subscriptions)
+
+    def _subscription(self, topic: str, name: str) -> Subscription:
+        try:
+            return self._topic(topic).subscriptions[name]
+        except KeyError:
+            raise SubscriptionNotFoundError(topic, name) from None
+
+    # -- background work ------------------------------------------------------------
+
+    def enforce_retention(self) -> int:
+        """Delete the segments that retention allows; return how many."""
+        if self._closed:
+            return 0
+        deleted = 0
+        with self._lock:
+            topics = list(self._topics.values())
+        for topic in topics:
+            r_ms = topic.config.get("retention_ms", None)
+            r_bytes = topic.config.get("retention_bytes", None)
+            r_ms = self.retention_ms if r_ms is None else r_ms
+            r_bytes = self.retention_bytes if r_bytes is None else r_bytes
+            if r_ms is None and r_bytes is None:
+                continue
+            for p in topic.partitions:
+                subs = list(topic.subscriptions.values())
+                keep_from = min((s.mark_delete(p.index) for s in subs), default=p.end_offset)
+                deleted += p.delete_segments(keep_from, r_ms, r_bytes)
+        return deleted
+
+    def flush(self) -> None:
+        """Write every partition's indexes and recovery point now."""
+        self._check_open()
+        for t in list(self._topics.values()):
+            for p in t.partitions:
+                p.flush()
+
+    # -- state -------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Plain dicts: per topic its partitions (log end, bytes, segments)
+        and subscriptions (type, isolation, backlog, mark-delete, unacked,
+        consumers)."""
+        self._check_open()
+        with self._lock:
+            topics = dict(self._topics)
+        return {
+            "path": self.path,
+            "fsync": self.fsync,
+            "topics": {name: {
+                "partitions": [p.stats() for p in t.partitions],
+                "subscriptions": {s: sub.stats() for s, sub in t.subscriptions.items()},
+            } for name, t in topics.items()},
+        }
+
+    def close(self) -> None:
+        """Close every consumer, write indexes and recovery points, release
+        the data directory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._scheduler.stop()
+        for t in self._topics.values():
+            for sub in t.subscriptions.values():
+                for c in list(sub.consumers):
+                    c.closed = True
+            t.close()
+        self._topics.clear()
+        os.close(self._lock_fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Broker({self.path!r}, fsync={self.fsync!r})"
+
+
+def _take_lock(path: str) -> int:
+    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or None
+        os.close(fd)
+        raise DataDirLockedError(path, holder and f"pid {holder}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -1,0 +1,149 @@
+"""Consumers: receive from a subscription and acknowledge."""
+
+from __future__ import annotations
+
+import datetime
+
+from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTypeError
+from txmq.message import Message, MessageId
+
+
+def _ids(messages) -> list:
+    if isinstance(messages, (Message, MessageId)):
+        messages = [messages]
+    out = []
+    for m in messages:
+        if isinstance(m, Message):
+            out.append(m.message_id)
+        elif isinstance(m, MessageId):
+            out.append(m)
+        elif isinstance(m, tuple) and len(m) == 3:
+            out.append(MessageId(*m))
+        else:
+            raise InvalidArgumentError("message", m, "a Message, a MessageId or a list of them")
+    return out
+
+
+class Consumer:
+    """One consumer attached to a subscription. Thread-safe.
+
+    Create it with :meth:`txmq.Broker.subscribe`.
+    """
+
+    def __init__(self, broker, subscription, name: str | None = None):
+        self._broker = broker
+        self._sub = subscription
+        self.name = name
+        self.closed = False
+        self.rr = 0
+        self.id = subscription.attach(self)
+
+    @property
+    def topic(self) -> str:
+        return self._sub.topic.name
+
+    @property
+    def subscription(self) -> str:
+        return self._sub.name
+
+    def _check_open(self):
+        if self.closed:
+            raise BrokerClosedError(f"consumer of {self._sub.name!r} is closed")
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, waiting up to ``timeout`` seconds (None: until
+        one arrives); None on timeout."""
+        ms = self.receive_many(1, timeout)
+        return ms[0] if ms else None
+
+    def receive_many(self, max_messages: int, timeout: float | None = None) -> list:
+        """Up to ``max_messages`` messages, as soon as at least one is there
+        (waiting up to ``timeout``); [] on timeout."""
+        self._check_open()
+        if not isinstance(max_messages, int) or max_messages < 1:
+            raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
+        return self._sub.receive(self, max_messages, timeout)
+
+    def receive_batch(self, max_messages: int = 1 << 30, timeout: float | None = None):
+        """A run of messages from one stored batch as a ``pyarrow.RecordBatch``
+        (columns key, value, offset, event_time, publish_time; schema
+        metadata topic and partition) whose key and value columns are views
+        of the log with no copy. Acknowledge it with :meth:`ack` (the whole
+        batch) or per offset. None on timeout."""
+        self._check_open()
+        return self._sub.receive_batch(self, max_messages, timeout)
+
+    def ack(self, messages) -> None:
+        """Acknowledge a Message, a MessageId, a list of them, or a
+        ``pyarrow.RecordBatch`` from :meth:`receive_batch`."""
+        self._check_open()
+        if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
+            md = messages.schema.metadata or {}
+            if messages.num_rows == 0:
+                return
+            offsets = messages.column("offset")
+            self._sub.ack_range(int(md[b"partition"]), offsets[0].as_py(), offsets[-1].as_py() + 1)
+            return
+        self._sub.ack(_ids(messages))
+
+    def ack_cumulative(self, message) -> None:
+        """Acknowledge ``message`` and everything before it on its partition
+        (exclusive and failover subscriptions only)."""
+        self._check_open()
+        ids = _ids(message)
+        if len(ids) != 1:
+            raise InvalidArgumentError("message", message, "one Message or MessageId")
+        self._sub.ack_cumulative(ids[0])
+
+    def nack(self, messages) -> None:
+        """Ask for redelivery after the subscription's ``nack_delay``; the
+        message comes back with ``redelivery_count`` + 1."""
+        self._check_open()
+        self._sub.nack(_ids(messages))
+
+    def seek(self, target=None, *, timestamp=None, partition: int | None = None) -> None:
+        """Move the subscription's cursor (for every consumer of it).
+
+        ``target``: an offset (int, on ``partition`` or every partition), a
+        :class:`MessageId` (its partition), ``"earliest"``, ``"latest"`` or a
+        ``datetime``; or ``timestamp=`` milliseconds: the first message
+        published at or after it. Acks above the new position are forgotten.
+        """
+        self._check_open()
+        if timestamp is not None or isinstance(target, datetime.datetime):
+            if isinstance(target, datetime.datetime):
+                timestamp = int(target.timestamp() * 1000)
+            if not isinstance(timestamp, int):
+                raise InvalidArgumentError("timestamp", timestamp, "int milliseconds")
+            return self._sub.seek(partition, ("time", timestamp))
+        if isinstance(target, MessageId):
+            return self._sub.seek(target.partition, target.offset)
+        if target in ("earliest", "latest"):
+            return self._sub.seek(partition, target)
+        if isinstance(target, int) and not isinstance(target, bool) and target >= 0:
+            if partition is not None and not 0 <= partition < len(self._sub.lanes):
+                raise InvalidArgumentError("partition", partition, f"0..{len(self._sub.lanes) - 1}")
+            return self._sub.seek(partition, target)
+        raise InvalidArgumentError("seek target", target,
+                                   "an offset >= 0, a MessageId, 'earliest', 'latest' or a datetime")
+
+    def close(self) -> None:
+        """Detach; unacknowledged messages go to the subscription's other consumers."""
+        if not self.closed:
+            self.closed = True
+            self._sub.detach(self)
+            with self._sub.cond:
+                self._sub.cond.notify_all()
+
+    def unsubscribe(self) -> None:
+        """Close and delete the subscription (its cursor is gone)."""
+        self._broker._unsubscribe(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.topic!r}, {self.subscription!r}, id={self.id})"

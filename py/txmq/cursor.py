@@ -1,0 +1,139 @@
+"""A subscription's cursor on one partition: mark-delete plus the ranges
+acknowledged individually above it, kept in a framed redo log.
+
+Frames (payload little-endian; the redo log adds length, CRC and type):
+
+- ``ACK`` (2): u32 n, then n i64 offsets acknowledged individually;
+- ``MARK_DELETE`` (3): i64 offset, everything below is acknowledged;
+- ``RESET`` (4): i64 offset, the cursor was moved there (seek), the
+  individual acks are forgotten;
+- ``ACK_RANGE`` (5): i64 start, i64 end: [start, end) acknowledged;
+- ``SNAPSHOT`` (1): i64 mark-delete + the ack set's bytes (_ackset).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from txmq._ackset import AckSet
+from txmq._redolog import RedoLog
+from txmq.errors import CorruptLogError
+
+ACK, MARK_DELETE, RESET, ACK_RANGE = 2, 3, 4, 5
+_I64 = struct.Struct("<q")
+
+# Replay cost stays bounded: a log with more frames than this is rewritten
+# as one snapshot.
+COMPACT_FRAMES = 10_000
+
+
+class Cursor:
+    """Mark-delete + individual acks of one partition, durable per ``fsync``."""
+
+    def __init__(self, path, fsync: str, initial_offset: int):
+        self.log = RedoLog(path, fsync)
+        self.mark_delete = initial_offset
+        self.acked = AckSet()
+        frames = self.log.replay()
+        self.dropped = self.log.dropped
+        if not frames:
+            self.log.append(RESET, _I64.pack(initial_offset))
+            self.log.sync()
+        for kind, payload in frames:
+            self._apply(kind, payload)
+
+    def _apply(self, kind: int, payload: bytes) -> None:
+        try:
+            if kind == 1:
+                self.mark_delete = _I64.unpack_from(payload)[0]
+                self.acked = AckSet.from_bytes(payload[8:])
+            elif kind == ACK:
+                n = struct.unpack_from("<I", payload)[0]
+                if len(payload) != 4 + 8 * n:
+                    raise ValueError(f"ack frame of {n} offsets has {len(payload)} bytes")
+                for off in np.frombuffer(payload, "<i8", n, 4):
+                    if off >= self.mark_delete:
+                        self.acked.add(int(off))
+                self._advance()
+            elif kind == MARK_DELETE:
+                self._set_mark_delete(_I64.unpack(payload)[0])
+            elif kind == ACK_RANGE:
+                start, end = struct.unpack("<qq", payload)
+                self.acked.add_range(max(start, self.mark_delete), end)
+                self._advance()
+            elif kind == RESET:
+                self.mark_delete = _I64.unpack(payload)[0]
+                self.acked.clear()
+            else:
+                raise ValueError(f"unknown cursor frame type {kind}")
+        except (struct.error, ValueError) as e:
+            raise CorruptLogError(self.log.path, 0, f"cursor frame: {e}") from None
+
+    def _advance(self) -> None:
+        md = self.acked.first_unacked(self.mark_delete)
+        if md != self.mark_delete:
+            self.mark_delete = md
+            self.acked.trim_below(md)
+
+    def _set_mark_delete(self, offset: int) -> None:
+        if offset > self.mark_delete:
+            self.mark_delete = offset
+            self.acked.trim_below(offset)
+            self._advance()
+
+    def is_acked(self, offset: int) -> bool:
+        return offset < self.mark_delete or self.acked.contains(offset)
+
+    def ack(self, offsets) -> list:
+        """Acknowledge offsets individually; return those that were new."""
+        new = [o for o in offsets if not self.is_acked(o)]
+        if not new:
+            return new
+        self.log.append(ACK, struct.pack("<I", len(new)) + np.asarray(new, "<i8").tobytes())
+        self._persisted()
+        for o in new:
+            self.acked.add(o)
+        self._advance()
+        return new
+
+    def ack_range(self, start: int, end: int) -> int:
+        """Acknowledge [start, end) (the batch fast path); return how many were new."""
+        start = max(start, self.mark_delete)
+        if end <= start:
+            return 0
+        before = self.acked.count_in(start, end)
+        if start == self.mark_delete:
+            self.log.append(MARK_DELETE, _I64.pack(end))
+            self._persisted()
+            self._set_mark_delete(end)
+        else:
+            self.log.append(ACK_RANGE, struct.pack("<qq", start, end))
+            self._persisted()
+            self.acked.add_range(start, end)
+        return (end - start) - before
+
+    def ack_cumulative(self, offset: int) -> bool:
+        """Everything up to and including ``offset`` is acknowledged."""
+        if offset + 1 <= self.mark_delete:
+            return False
+        self.log.append(MARK_DELETE, _I64.pack(offset + 1))
+        self._persisted()
+        self._set_mark_delete(offset + 1)
+        return True
+
+    def reset(self, offset: int) -> None:
+        """Move the cursor to ``offset`` (seek) and forget individual acks."""
+        self.log.append(RESET, _I64.pack(offset))
+        self._persisted()
+        self.mark_delete = offset
+        self.acked.clear()
+
+    def _persisted(self) -> None:
+        self.log.sync()
+        if self.log.frames_since_snapshot >= COMPACT_FRAMES:
+            self.log.compact(_I64.pack(self.mark_delete) + self.acked.to_bytes())
+
+    def close(self) -> None:
+        self.log.close()

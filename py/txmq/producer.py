@@ -1,0 +1,133 @@
+"""Producers: append messages to a topic's partitions."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+
+from txmq._log import BatchSpec
+from txmq._partitioner import partition_for, partitions_for_arrow
+from txmq.errors import BrokerClosedError, InvalidMessageError, PartitionNotFoundError
+from txmq.message import MessageId, MessageIds
+from txmq.partition import now_ms
+
+
+class Producer:
+    """Sends to one topic. Thread-safe; cheap to create.
+
+    Without a key, each ``send`` / ``send_batch`` goes to the next partition
+    in turn; with a key, to the partition Kafka's default partitioner picks
+    (murmur2), so keyed data lands where a Kafka client would put it.
+    """
+
+    def __init__(self, broker, topic):
+        self._broker = broker
+        self._topic = topic
+        self._rr = itertools.count(random.randrange(1 << 16))
+        self.closed = False
+
+    @property
+    def topic(self) -> str:
+        return self._topic.name
+
+    def _partition(self, key, partition):
+        parts = self._topic.partitions
+        if partition is not None:
+            if not isinstance(partition, int) or not 0 <= partition < len(parts):
+                raise PartitionNotFoundError(self._topic.name, partition)
+            return parts[partition]
+        if key is not None and len(parts) > 1:
+            return parts[partition_for(key, len(parts))]
+        return parts[next(self._rr) % len(parts)]
+
+    def _check_open(self):
+        if self.closed:
+            raise BrokerClosedError(f"producer of {self._topic.name!r} is closed")
+        self._broker._check_open()
+
+    def send(self, value, key=None, headers=None, event_time=None, partition=None) -> MessageId:
+        """Append one message; return its :class:`MessageId` once it is in the
+        log (and durable, under ``fsync="always"``).
+
+        ``value`` and ``key`` are bytes (a str key is UTF-8 encoded);
+        ``headers`` a dict or a list of (str, bytes) pairs; ``event_time``
+        int milliseconds (default: now); ``partition`` overrides the
+        partitioner.
+        """
+        self._check_open()
+        if isinstance(key, str):
+            key = key.encode()
+        elif key is not None and not isinstance(key, bytes):
+            if not isinstance(key, (bytearray, memoryview)):
+                raise InvalidMessageError("key (expected bytes, str or None)", key)
+            key = bytes(key)
+        if event_time is not None and not isinstance(event_time, int):
+            raise InvalidMessageError("event_time (expected int milliseconds)", event_time)
+        spec = BatchSpec([value], None if key is None else [key],
+                         None if not headers else [headers],
+                         None if event_time is None else [event_time], now_ms())
+        p = self._partition(key, partition)
+        return MessageId(self._topic.name, p.index, p.append(spec))
+
+    def send_batch(self, values, keys=None, headers=None, event_times=None, partition=None) -> MessageIds:
+        """Append many messages; return their ids in input order.
+
+        ``values`` is a list of bytes or a pyarrow binary/string array (the
+        array's bytes are copied once, straight into the log, with no
+        per-message Python work). Messages bound for one partition form one
+        batch; without keys the whole call goes to one partition.
+        """
+        self._check_open()
+        if isinstance(values, tuple):
+            values = list(values)
+        if isinstance(keys, tuple):
+            keys = list(keys)
+        parts = self._topic.partitions
+        n = len(values)
+        if not n:
+            raise InvalidMessageError("values (a batch needs at least one message)", values)
+        if partition is not None or keys is None or len(parts) == 1:
+            p = self._partition(None, partition)
+            spec = BatchSpec(values, keys, headers, event_times, now_ms())
+            base = p.append(spec)
+            return MessageIds(self._topic.name, np.full(n, p.index, np.int32),
+                              np.arange(base, base + n, dtype=np.int64))
+        if len(keys) != n:
+            raise InvalidMessageError(f"keys (expected {n} entries)", len(keys))
+        if isinstance(keys, list):
+            targets = np.fromiter((partition_for(k.encode() if isinstance(k, str) else k, len(parts))
+                                   if k is not None else -1 for k in keys), np.int32, n)
+        else:
+            targets = partitions_for_arrow(keys, len(parts))
+        nulls = targets < 0
+        if nulls.any():
+            targets[nulls] = next(self._rr) % len(parts)
+        offsets = np.empty(n, np.int64)
+        for pi in np.unique(targets):
+            idx = np.flatnonzero(targets == pi)
+            spec = BatchSpec(_take(values, idx), _take(keys, idx),
+                             None if headers is None else [headers[i] for i in idx],
+                             None if event_times is None else np.asarray(event_times)[idx], now_ms())
+            base = parts[pi].append(spec)
+            offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
+        return MessageIds(self._topic.name, targets, offsets)
+
+    def flush(self) -> None:
+        """Sends are written when they return; kept for Kafka-style code."""
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _take(seq, idx):
+    if isinstance(seq, list):
+        return [seq[i] for i in idx]
+    return seq.take(idx)

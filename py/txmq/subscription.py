@@ -1,0 +1,531 @@
+"""A subscription: a named cursor on every partition of a topic, and the
+dispatch of its messages to the consumers attached to it.
+
+Per partition a subscription keeps a *lane*. Within a lane every offset in
+``[mark_delete, read_offset)`` is exactly one of: acknowledged (cursor),
+outstanding at one consumer, waiting in the redelivery queue, or decoded in
+the read buffer. Offsets at or past ``read_offset`` have not been read yet.
+Nothing else is needed to deliver each message to one consumer at a time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from txmq._log import SegmentClosedError
+from txmq.cursor import Cursor
+from txmq.errors import (NotAcknowledgeableError, SubscriptionBusyError, SubscriptionTypeError)
+from txmq.message import Message, MessageId
+
+TYPES = ("exclusive", "shared", "failover")
+ISOLATIONS = ("read_committed", "read_uncommitted")
+POSITIONS = ("latest", "earliest")
+
+
+class _Lane:
+    """Dispatch state of one subscription on one partition."""
+
+    __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "outstanding",
+                 "ranges", "redeliver", "redelivery_count", "deadlines")
+
+    def __init__(self, partition, cursor: Cursor):
+        self.partition = partition
+        self.cursor = cursor
+        self.redelivery_count: dict[int, int] = {}
+        self.rewind(cursor.mark_delete)
+
+    def rewind(self, offset: int) -> None:
+        self.read_offset = max(offset, self.partition.start_offset)
+        self.seg = None
+        self.pos = -1
+        self.buffer: deque = deque()
+        self.outstanding: dict[int, int] = {}      # offset -> consumer id
+        self.ranges: list = []                     # [start, end, consumer id] of batch deliveries
+        self.redeliver: list = []                  # heap of (ready time, offset)
+        self.deadlines: deque = deque()            # (deadline, offset | None, start, end, consumer id)
+
+    def locate(self) -> bool:
+        """Point (seg, pos) at the batch holding ``read_offset``."""
+        if self.read_offset < self.partition.start_offset:
+            self.read_offset = self.partition.start_offset
+        self.seg, self.pos = self.partition.segment_for(self.read_offset)
+        return self.seg is not None
+
+    def outstanding_count(self) -> int:
+        n = len(self.outstanding)
+        for start, end, _ in self.ranges:
+            n += end - start - self.cursor.acked.count_in(start, end) if end > self.cursor.mark_delete else 0
+        return n
+
+
+class Subscription:
+    """Durable subscription state plus its live consumers. Thread-safe."""
+
+    def __init__(self, broker, topic, name: str, path: str, *, type: str, isolation: str,
+                 initial_position: str, ack_timeout: float | None, nack_delay: float):
+        self.broker = broker
+        self.topic = topic
+        self.name = name
+        self.path = path
+        self.type = type
+        self.isolation = isolation
+        self.initial_position = initial_position
+        self.ack_timeout = ack_timeout
+        self.nack_delay = nack_delay
+        self.cond = threading.Condition(threading.Lock())
+        self.consumers: list = []
+        self._next_consumer_id = 0
+        self.closed = False
+        os.makedirs(path, exist_ok=True)
+        meta = os.path.join(path, "subscription.json")
+        if not os.path.exists(meta):
+            _write_json(meta, {"type": type, "isolation": isolation,
+                               "initial_position": initial_position,
+                               "created_ms": time.time_ns() // 1_000_000})
+        self.lanes: list[_Lane] = []
+        for p in topic.partitions:
+            self._add_lane(p)
+
+    def _add_lane(self, partition) -> None:
+        initial = partition.end_offset if self.initial_position == "latest" else partition.start_offset
+        cursor = Cursor(os.path.join(self.path, f"cursor-{partition.index}.log"),
+                        self.broker.fsync, initial)
+        self.lanes.append(_Lane(partition, cursor))
+        partition.add_listener(self._on_append)
+
+    def _on_append(self, partition) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    # -- consumers -----------------------------------------------------------
+
+    def attach(self, consumer) -> int:
+        with self.cond:
+            if self.type == "exclusive" and self.consumers:
+                raise SubscriptionBusyError(self.topic.name, self.name)
+            cid = self._next_consumer_id
+            self._next_consumer_id += 1
+            before = self._assignment()
+            self.consumers.append(consumer)
+            self._reassigned(before)
+            return cid
+
+    def detach(self, consumer) -> None:
+        """Remove a consumer; its unacknowledged messages go to the others."""
+        with self.cond:
+            if consumer not in self.consumers:
+                return
+            before = self._assignment()
+            self.consumers.remove(consumer)
+            now = time.monotonic()
+            for lane in self.lanes:
+                self._release(lane, consumer.id, now)
+            self._reassigned(before)
+            self.cond.notify_all()
+
+    def _assignment(self) -> list:
+        """Failover: the active consumer id of each partition."""
+        if self.type != "failover" or not self.consumers:
+            return []
+        ordered = sorted(self.consumers, key=lambda c: (c.name or "", c.id))
+        return [ordered[i % len(ordered)].id for i in range(len(self.lanes))]
+
+    def _reassigned(self, before: list) -> None:
+        after = self._assignment()
+        now = time.monotonic()
+        for i, lane in enumerate(self.lanes):
+            if before and after and before[i] != after[i]:
+                # A partition changed hands: the new active consumer gets
+                # what the old one had not acknowledged.
+                self._release(lane, before[i], now)
+
+    def _lanes_for(self, consumer) -> list:
+        if self.type == "failover":
+            assignment = self._assignment()
+            return [lane for i, lane in enumerate(self.lanes) if assignment[i] == consumer.id]
+        return self.lanes
+
+    def _release(self, lane: _Lane, consumer_id: int, now: float) -> None:
+        """Queue for redelivery what ``consumer_id`` holds unacknowledged."""
+        for off in [o for o, c in lane.outstanding.items() if c == consumer_id]:
+            del lane.outstanding[off]
+            self._queue_redelivery(lane, off, now)
+        keep = []
+        for start, end, cid in lane.ranges:
+            if cid != consumer_id:
+                keep.append([start, end, cid])
+                continue
+            for off in range(max(start, lane.cursor.mark_delete), end):
+                if not lane.cursor.acked.contains(off):
+                    self._queue_redelivery(lane, off, now)
+        lane.ranges = keep
+
+    def _queue_redelivery(self, lane: _Lane, offset: int, ready: float) -> None:
+        lane.redelivery_count[offset] = lane.redelivery_count.get(offset, 0) + 1
+        heapq.heappush(lane.redeliver, (ready, offset))
+
+    # -- receiving -------------------------------------------------------------
+
+    def limit(self, lane: _Lane) -> int:
+        """Highest offset (exclusive) this subscription may deliver."""
+        if self.isolation == "read_committed":
+            return lane.partition.max_read_position
+        return lane.partition.end_offset
+
+    def receive(self, consumer, n: int, timeout: float | None) -> list:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while True:
+                if consumer.closed or self.closed:
+                    from txmq.errors import BrokerClosedError
+                    raise BrokerClosedError(f"consumer of {self.name!r} is closed")
+                now = time.monotonic()
+                out = self._take(consumer, n, now)
+                if out:
+                    return out
+                wait = self._next_due(consumer, now)
+                if deadline is not None:
+                    left = deadline - now
+                    if left <= 0:
+                        return []
+                    wait = left if wait is None else min(wait, left)
+                self.cond.wait(wait)
+
+    def _next_due(self, consumer, now: float):
+        due = None
+        for lane in self._lanes_for(consumer):
+            if lane.redeliver:
+                due = _min(due, lane.redeliver[0][0] - now)
+            if lane.deadlines:
+                due = _min(due, lane.deadlines[0][0] - now)
+        return None if due is None else max(due, 0.001)
+
+    def _take(self, consumer, n: int, now: float) -> list:
+        out: list = []
+        lanes = self._lanes_for(consumer)
+        if not lanes:
+            return out
+        k = consumer.rr % len(lanes)
+        consumer.rr += 1
+        for lane in lanes[k:] + lanes[:k]:
+            self._expire(lane, now)
+            self._take_redeliveries(lane, consumer, n, now, out)
+            self._take_fresh(lane, consumer, n, now, out)
+            if len(out) >= n:
+                break
+        return out
+
+    def _expire(self, lane: _Lane, now: float) -> None:
+        """Ack timeout: queue what was delivered before the deadline and is
+        still unacknowledged by the consumer it went to."""
+        while lane.deadlines and lane.deadlines[0][0] <= now:
+            _, off, start, end, cid = lane.deadlines.popleft()
+            if off is not None:
+                if lane.outstanding.get(off) == cid:
+                    del lane.outstanding[off]
+                    self._queue_redelivery(lane, off, now)
+                continue
+            for i, (s, e, c) in enumerate(lane.ranges):
+                if s == start and e == end and c == cid:
+                    del lane.ranges[i]
+                    for o in range(max(s, lane.cursor.mark_delete), e):
+                        if not lane.cursor.acked.contains(o):
+                            self._queue_redelivery(lane, o, now)
+                    break
+
+    def _deliver(self, lane: _Lane, consumer, off: int, now: float) -> None:
+        lane.outstanding[off] = consumer.id
+        if self.ack_timeout:
+            lane.deadlines.append((now + self.ack_timeout, off, 0, 0, consumer.id))
+
+    def _take_redeliveries(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
+        cursor = lane.cursor
+        while lane.redeliver and lane.redeliver[0][0] <= now and len(out) < n:
+            _, off = heapq.heappop(lane.redeliver)
+            if cursor.is_acked(off) or off in lane.outstanding or off < lane.partition.start_offset:
+                continue
+            msgs = lane.partition.read(off, 1)
+            if not msgs or msgs[0][0] != off:
+                continue
+            self._deliver(lane, consumer, off, now)
+            m = msgs[0]
+            out.append(self._message(lane, m[:6] + (m[6].txn_id,)))
+
+    def _take_fresh(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
+        cursor = lane.cursor
+        while len(out) < n:
+            if not lane.buffer and not self._fill(lane):
+                return
+            m = lane.buffer.popleft()
+            off = m[0]
+            if cursor.is_acked(off):
+                continue
+            self._deliver(lane, consumer, off, now)
+            out.append(self._message(lane, m))
+
+    def _fill(self, lane: _Lane) -> bool:
+        """Decode the next batch below the limit into the lane's buffer."""
+        limit = self.limit(lane)
+        while lane.read_offset < limit:
+            try:
+                if lane.seg is None or lane.seg.closed:
+                    if not lane.locate():
+                        return False
+                info = lane.seg.batch_at(lane.pos)
+                if info.next_offset <= lane.read_offset:
+                    lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
+                    if lane.seg is None:
+                        return False
+                    continue
+                if info.base_offset >= limit:
+                    return False
+                if info.is_control:
+                    lane.read_offset = info.next_offset
+                    continue
+                take = limit - lane.read_offset
+                msgs = lane.seg.messages(lane.pos, lane.read_offset, take)
+            except SegmentClosedError:
+                lane.seg = None
+                continue
+            for m in msgs:
+                lane.buffer.append(m + (info.publish_time, info.txn_id))
+            lane.read_offset = msgs[-1][0] + 1 if msgs else info.next_offset
+            if msgs:
+                return True
+        return False
+
+    def _message(self, lane: _Lane, m) -> Message:
+        """``m`` = (offset, key, value, headers, event_time, publish_time, txn words | None)."""
+        off = m[0]
+        return Message(m[2], m[1], m[3], MessageId(self.topic.name, lane.partition.index, off),
+                       m[4], m[5], lane.redelivery_count.get(off, 0), m[6])
+
+    # -- the Arrow fast path ---------------------------------------------------
+
+    def receive_batch(self, consumer, max_messages: int, timeout: float | None):
+        """A run of fresh messages of one batch as a pyarrow.RecordBatch whose
+        key and value columns are views of the mapped segment."""
+        import pyarrow as pa
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                lanes = self._lanes_for(consumer)
+                for i in range(len(lanes)):
+                    lane = lanes[(consumer.rr + i) % len(lanes)]
+                    batch = self._take_arrow(lane, consumer, max_messages, now, pa)
+                    if batch is not None:
+                        consumer.rr += i + 1
+                        return batch
+                if deadline is not None and deadline <= now:
+                    return None
+                self.cond.wait(None if deadline is None else deadline - now)
+
+    def _take_arrow(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
+        if lane.buffer:
+            lane.read_offset = lane.buffer[0][0]   # hand the buffered run back to the log
+            lane.buffer.clear()
+            lane.seg = None
+        limit = self.limit(lane)
+        while lane.read_offset < limit:
+            try:
+                if lane.seg is None or lane.seg.closed:
+                    if not lane.locate():
+                        return None
+                info = lane.seg.batch_at(lane.pos)
+                if info.next_offset <= lane.read_offset or info.is_control:
+                    lane.read_offset = max(lane.read_offset, info.next_offset)
+                    lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
+                    if lane.seg is None:
+                        return None
+                    continue
+                if info.base_offset >= limit:
+                    return None
+                start = max(lane.read_offset, info.base_offset)
+                acked = lane.cursor.acked.next_acked(start)
+                if acked is not None and acked[0] <= start:
+                    lane.read_offset = acked[1]
+                    continue
+                end = min(info.next_offset, limit, start + max_messages)
+                if acked is not None:
+                    end = min(end, acked[0])
+                bufs = lane.seg.arrow_buffers(lane.pos)
+            except SegmentClosedError:
+                lane.seg = None
+                continue
+            lane.read_offset = end
+            lane.ranges.append([start, end, consumer.id])
+            if self.ack_timeout:
+                lane.deadlines.append((now + self.ack_timeout, None, start, end, consumer.id))
+            return _record_batch(pa, self.topic.name, lane.partition.index, info, bufs,
+                                 start - info.base_offset, end - start)
+        return None
+
+    # -- acknowledging ---------------------------------------------------------
+
+    def _lane_of(self, message_id) -> _Lane:
+        if message_id.topic != self.topic.name:
+            raise NotAcknowledgeableError(message_id, f"it is not on topic {self.topic.name!r}")
+        if not 0 <= message_id.partition < len(self.lanes):
+            raise NotAcknowledgeableError(message_id, "no such partition")
+        lane = self.lanes[message_id.partition]
+        if not 0 <= message_id.offset < lane.partition.end_offset:
+            raise NotAcknowledgeableError(message_id, "offset is not in the partition")
+        return lane
+
+    def ack(self, message_ids) -> int:
+        """Acknowledge individually; return how many were newly acknowledged."""
+        by_lane: dict = {}
+        for mid in message_ids:
+            by_lane.setdefault(id(lane := self._lane_of(mid)), (lane, []))[1].append(mid.offset)
+        n = 0
+        with self.cond:
+            for lane, offsets in by_lane.values():
+                n += len(lane.cursor.ack(offsets))
+                for off in offsets:
+                    lane.outstanding.pop(off, None)
+                    lane.redelivery_count.pop(off, None)
+                self._trim_ranges(lane)
+        return n
+
+    def ack_range(self, partition: int, start: int, end: int) -> int:
+        """Acknowledge offsets [start, end) of one partition (Arrow batches)."""
+        lane = self._lane_of(MessageId(self.topic.name, partition, max(start, end - 1)))
+        with self.cond:
+            n = lane.cursor.ack_range(start, end)
+            self._trim_ranges(lane)
+            for off in [o for o in lane.outstanding if start <= o < end]:
+                del lane.outstanding[off]
+        return n
+
+    def ack_cumulative(self, message_id) -> None:
+        if self.type == "shared":
+            raise SubscriptionTypeError(self.name, self.type, "exclusive or failover (ack_cumulative)")
+        lane = self._lane_of(message_id)
+        with self.cond:
+            lane.cursor.ack_cumulative(message_id.offset)
+            md = lane.cursor.mark_delete
+            for off in [o for o in lane.outstanding if o < md]:
+                del lane.outstanding[off]
+            for off in [o for o in lane.redelivery_count if o < md]:
+                del lane.redelivery_count[off]
+            self._trim_ranges(lane)
+
+    def _trim_ranges(self, lane: _Lane) -> None:
+        md = lane.cursor.mark_delete
+        if lane.ranges:
+            lane.ranges = [r for r in lane.ranges
+                           if r[1] > md and lane.cursor.acked.count_in(max(r[0], md), r[1]) < r[1] - max(r[0], md)]
+
+    def nack(self, message_ids) -> None:
+        now = time.monotonic()
+        with self.cond:
+            for mid in message_ids:
+                lane = self._lane_of(mid)
+                if lane.cursor.is_acked(mid.offset):
+                    continue
+                if lane.outstanding.pop(mid.offset, None) is None and not _in_ranges(lane, mid.offset):
+                    continue
+                self._queue_redelivery(lane, mid.offset, now + self.nack_delay)
+            self.cond.notify_all()
+
+    # -- seeking -----------------------------------------------------------------
+
+    def seek(self, partition: int | None, where) -> None:
+        """Move the cursor of one or every partition; ``where`` is an offset,
+        ``("time", ms)``, ``"earliest"`` or ``"latest"``."""
+        with self.cond:
+            for lane in self.lanes:
+                if partition is not None and lane.partition.index != partition:
+                    continue
+                p = lane.partition
+                if where == "earliest":
+                    target = p.start_offset
+                elif where == "latest":
+                    target = p.end_offset
+                elif isinstance(where, tuple):
+                    target = p.find_time(where[1])
+                else:
+                    target = min(max(int(where), p.start_offset), p.end_offset)
+                lane.cursor.reset(target)
+                lane.redelivery_count.clear()
+                lane.rewind(target)
+            self.cond.notify_all()
+
+    # -- state -------------------------------------------------------------------
+
+    def mark_delete(self, partition: int) -> int:
+        return self.lanes[partition].cursor.mark_delete
+
+    def stats(self) -> dict:
+        with self.cond:
+            parts = []
+            for lane in self.lanes:
+                md = lane.cursor.mark_delete
+                limit = self.limit(lane)
+                parts.append({
+                    "partition": lane.partition.index,
+                    "mark_delete": md,
+                    "individually_acked": lane.cursor.acked.count(),
+                    "backlog": max(0, limit - md) - lane.cursor.acked.count_in(md, limit),
+                    "unacked": lane.outstanding_count(),
+                    "pending_redelivery": len(lane.redeliver),
+                })
+            return {
+                "type": self.type,
+                "isolation": self.isolation,
+                "consumers": [c.name or f"consumer-{c.id}" for c in self.consumers],
+                "backlog": sum(p["backlog"] for p in parts),
+                "unacked": sum(p["unacked"] for p in parts),
+                "partitions": parts,
+            }
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+            for lane in self.lanes:
+                lane.partition.remove_listener(self._on_append)
+                lane.cursor.close()
+
+
+def _min(a, b):
+    return b if a is None else min(a, b)
+
+
+def _in_ranges(lane: _Lane, off: int) -> bool:
+    return any(s <= off < e for s, e, _ in lane.ranges)
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int):
+    count = bufs["count"]
+    validity = pa.py_buffer(bufs["validity"]) if bufs["validity"] is not None else None
+    keys = pa.Array.from_buffers(pa.binary(), count, [validity, pa.py_buffer(bufs["key_offsets"]),
+                                                      pa.py_buffer(bufs["keys"])])
+    values = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(bufs["value_offsets"]),
+                                                        pa.py_buffer(bufs["values"])])
+    deltas = np.frombuffer(bufs["event_deltas"], np.int32)[first:first + n]
+    offsets = np.arange(info.base_offset + first, info.base_offset + first + n, dtype=np.int64)
+    return pa.RecordBatch.from_arrays(
+        [keys.slice(first, n), values.slice(first, n), pa.array(offsets),
+         pa.array(deltas.astype(np.int64) + info.first_event_time, pa.timestamp("ms")),
+         pa.array(np.full(n, info.publish_time, np.int64), pa.timestamp("ms"))],
+        schema=pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
+                          ("event_time", pa.timestamp("ms")), ("publish_time", pa.timestamp("ms"))],
+                         metadata={"topic": topic, "partition": str(partition)}))

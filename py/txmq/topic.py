@@ -1,0 +1,77 @@
+"""A topic: a name, N partitions, retention settings, and its subscriptions."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from txmq.errors import InvalidSubscriptionNameError, InvalidTopicNameError
+from txmq.partition import Partition
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_NAME = 249  # Kafka's limit, so a topic name moves between the two unchanged
+
+
+def check_topic_name(name) -> str:
+    if not isinstance(name, str):
+        raise InvalidTopicNameError(name, "must be a str")
+    if not name:
+        raise InvalidTopicNameError(name, "must not be empty")
+    if len(name) > MAX_NAME:
+        raise InvalidTopicNameError(name, f"longer than {MAX_NAME} characters")
+    if name in (".", ".."):
+        raise InvalidTopicNameError(name, "'.' and '..' are reserved")
+    if not _NAME.match(name):
+        raise InvalidTopicNameError(name, "only ASCII letters, digits, '.', '_' and '-' are allowed")
+    return name
+
+
+def check_subscription_name(name) -> str:
+    try:
+        return check_topic_name(name)
+    except InvalidTopicNameError as e:
+        raise InvalidSubscriptionNameError(name, str(e).split(": ", 1)[1]) from None
+
+
+class Topic:
+    """Metadata in ``topic.json``; partitions in numbered folders beside it."""
+
+    def __init__(self, path: str, name: str, config: dict, partition_options: dict):
+        self.path = path
+        self.name = name
+        self.config = config
+        self.partitions = [Partition(os.path.join(path, str(i)), name, i, **partition_options)
+                           for i in range(config["partitions"])]
+        self.subscriptions: dict = {}
+
+    @staticmethod
+    def load_config(path: str) -> dict:
+        with open(os.path.join(path, "topic.json")) as f:
+            return json.load(f)
+
+    @staticmethod
+    def write_config(path: str, config: dict) -> None:
+        tmp = os.path.join(path, "topic.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(config, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, "topic.json"))
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "partitions": len(self.partitions),
+            "retention_ms": self.config.get("retention_ms"),
+            "retention_bytes": self.config.get("retention_bytes"),
+            "end_offsets": [p.end_offset for p in self.partitions],
+            "start_offsets": [p.start_offset for p in self.partitions],
+            "subscriptions": sorted(self.subscriptions),
+        }
+
+    def close(self) -> None:
+        for sub in self.subscriptions.values():
+            sub.close()
+        for p in self.partitions:
+            p.close()

@@ -1,0 +1,227 @@
+"""The framed redo log (pyx/_redolog.pyx, DESIGN.md §2): known-good bytes,
+replay, torn and corrupt tails, compaction, bad file headers."""
+import os
+import struct
+
+import pytest
+
+from txmq import _redolog
+from txmq._log import crc32c_of
+from txmq._redolog import FILE_HEADER, SNAPSHOT, RedoLog, frame, parse
+from txmq.errors import CorruptLogError
+
+
+def expected_frame(t, payload):
+    body = bytes([t]) + payload
+    return struct.pack("<II", len(body), crc32c_of(body)) + body
+
+
+def test_file_header_known_good():
+    assert FILE_HEADER == b"TXRL\x01\x00\x00\x00"
+    assert SNAPSHOT == 1
+
+
+def test_frame_known_good_bytes():
+    assert frame(2, b"hello") == expected_frame(2, b"hello")
+    # Fully literal: length 6, crc32c(b"\x02hello"), type, payload.
+    f = frame(2, b"hello")
+    assert f[:4] == b"\x06\x00\x00\x00"
+    assert f[4:8] == struct.pack("<I", crc32c_of(b"\x02hello"))
+    assert f[8:] == b"\x02hello"
+    # Empty payload: length 1, CRC of the type byte alone.
+    assert frame(255, b"") == b"\x01\x00\x00\x00" + struct.pack("<I", crc32c_of(b"\xff")) + b"\xff"
+    # The one fully hand-checked vector: crc32c("123456789") with type '1'.
+    assert frame(ord("1"), b"23456789") == b"\x09\x00\x00\x00" + struct.pack("<I", 0xE3069283) + b"123456789"
+    assert frame(3, bytearray(b"ab")) == expected_frame(3, b"ab")
+    assert frame(3, memoryview(b"ab")) == expected_frame(3, b"ab")
+
+
+@pytest.mark.parametrize("t", [0, 256, -1])
+def test_frame_type_out_of_range(t):
+    with pytest.raises(ValueError):
+        frame(t, b"x")
+
+
+def test_file_bytes_known_good(tmp_path):
+    path = tmp_path / "a.log"
+    log = RedoLog(path)
+    log.append(2, b"one")
+    log.append_many([(3, b""), (4, b"three" * 10)])
+    log.close()
+    assert log.closed
+    want = FILE_HEADER + expected_frame(2, b"one") + expected_frame(3, b"") + expected_frame(4, b"three" * 10)
+    assert path.read_bytes() == want
+
+
+def test_replay_round_trip(tmp_path):
+    path = tmp_path / "a.log"
+    log = RedoLog(path)
+    assert log.replay() == []
+    frames = [(2 + i % 200, os.urandom(i * 7)) for i in range(50)]
+    for t, p in frames[:20]:
+        log.append(t, p)
+    log.append_many(frames[20:])
+    log.close()
+    again = RedoLog(path)
+    assert again.replay() == frames
+    assert again.dropped is None
+    assert again.frames_since_snapshot == 50
+    # Appending after a replay continues the file.
+    again.append(9, b"more")
+    again.close()
+    third = RedoLog(path)
+    assert third.replay() == frames + [(9, b"more")]
+    third.close()
+
+
+def test_parse_reports_positions():
+    data = FILE_HEADER + expected_frame(2, b"a") + expected_frame(3, b"bc")
+    frames, end, reason = parse(data)
+    assert frames == [(2, b"a", 8), (3, b"bc", 8 + 10)]
+    assert end == len(data) and reason is None
+    assert parse(FILE_HEADER) == ([], 8, None)
+    frames, end, reason = parse(data + b"\x05\x00")
+    assert len(frames) == 2 and end == len(data) and reason == "torn frame header"
+
+
+@pytest.mark.parametrize("cut", range(1, 16))
+def test_torn_last_frame_is_truncated(tmp_path, cut):
+    path = tmp_path / "a.log"
+    log = RedoLog(path)
+    log.append(2, b"first")
+    log.append(3, b"second!")     # frame of 9 + 7 = 16 bytes
+    log.close()
+    good_end = 8 + 9 + 5
+    full = path.read_bytes()
+    assert len(full) == good_end + 16
+    path.write_bytes(full[:good_end + cut])
+    log = RedoLog(path)
+    assert log.replay() == [(2, b"first")]
+    pos, reason, dropped = log.dropped
+    assert pos == good_end and dropped == cut
+    assert reason in ("torn frame header", "torn frame")
+    assert os.path.getsize(path) == good_end      # cut on disk
+    log.append(4, b"after")
+    log.close()
+    log = RedoLog(path)
+    assert log.replay() == [(2, b"first"), (4, b"after")]
+    assert log.dropped is None
+    log.close()
+
+
+@pytest.mark.parametrize("where", ["crc", "type", "payload", "length"])
+def test_crc_flip_truncates(tmp_path, where):
+    path = tmp_path / "a.log"
+    log = RedoLog(path)
+    log.append(2, b"keep me")
+    log.append(3, b"corrupt me")
+    log.append(4, b"lost with it")
+    log.close()
+    second = 8 + 9 + 7
+    off = {"length": 0, "crc": 5, "type": 8, "payload": 12}[where]
+    data = bytearray(path.read_bytes())
+    data[second + off] ^= 0x10
+    path.write_bytes(bytes(data))
+    log = RedoLog(path)
+    assert log.replay() == [(2, b"keep me")]
+    assert log.dropped[0] == second
+    assert log.dropped[2] == len(data) - second
+    assert log.dropped[1] in ("frame CRC mismatch", "torn frame", "bad frame length")
+    assert os.path.getsize(path) == second
+    log.close()
+
+
+def test_frame_type_zero_with_valid_crc_is_rejected(tmp_path):
+    path = tmp_path / "a.log"
+    path.write_bytes(FILE_HEADER + expected_frame(2, b"ok") + expected_frame(0, b"zero"))
+    log = RedoLog(path)
+    assert log.replay() == [(2, b"ok")]
+    assert log.dropped == (8 + 11, "frame type 0", 13)
+    log.close()
+
+
+def test_compaction_and_replay_from_last_snapshot(tmp_path):
+    path = tmp_path / "a.log"
+    log = RedoLog(path)
+    for i in range(10):
+        log.append(2, b"%d" % i)
+    log.compact(b"state@10")
+    assert not os.path.exists(str(path) + ".compact")
+    assert path.read_bytes() == FILE_HEADER + expected_frame(SNAPSHOT, b"state@10")
+    assert log.frames_since_snapshot == 1
+    log.append(2, b"10")
+    log.close()
+    log = RedoLog(path)
+    assert log.replay() == [(SNAPSHOT, b"state@10"), (2, b"10")]
+    # A snapshot frame appended in-line (not compacted) also starts replay.
+    log.append(2, b"11")
+    log.append(SNAPSHOT, b"state@12")
+    log.append(3, b"12")
+    log.close()
+    log = RedoLog(path)
+    assert log.replay() == [(SNAPSHOT, b"state@12"), (3, b"12")]
+    assert log.frames_since_snapshot == 2
+    log.close()
+
+
+def test_compact_never_mode(tmp_path):
+    path = tmp_path / "a.log"
+    log = RedoLog(path, fsync="never")
+    log.append(5, b"x")
+    log.sync()                       # no-op in "never" mode, must not fail
+    log.compact(b"")
+    log.append(5, b"y")
+    log.sync(force=True)
+    log.close()
+    log = RedoLog(path)
+    assert log.replay() == [(SNAPSHOT, b""), (5, b"y")]
+    log.close()
+
+
+def test_bad_magic_raises_with_path_and_position(tmp_path):
+    path = tmp_path / "bad.log"
+    path.write_bytes(b"XXRL\x01\x00\x00\x00" + expected_frame(2, b"a"))
+    log = RedoLog(path)
+    with pytest.raises(CorruptLogError) as ei:
+        log.replay()
+    assert ei.value.path == str(path)
+    assert ei.value.position == 0
+    assert "magic" in ei.value.reason
+    assert path.read_bytes()[:4] == b"XXRL"       # nothing rewritten
+    log.close()
+
+
+def test_bad_version_raises(tmp_path):
+    path = tmp_path / "bad.log"
+    path.write_bytes(b"TXRL\x02\x00\x00\x00")
+    log = RedoLog(path)
+    with pytest.raises(CorruptLogError) as ei:
+        log.replay()
+    assert ei.value.position == 4 and ei.value.path == str(path)
+    log.close()
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_torn_file_header(tmp_path, n):
+    path = tmp_path / "a.log"
+    path.write_bytes(FILE_HEADER[:n])
+    log = RedoLog(path)
+    assert log.replay() == []
+    assert log.dropped == (0, "torn file header", n)
+    log.append(2, b"z")
+    log.close()
+    assert path.read_bytes() == FILE_HEADER + expected_frame(2, b"z")
+
+
+def test_zeroed_short_header_is_not_reported(tmp_path):
+    path = tmp_path / "a.log"
+    path.write_bytes(b"\0\0\0")
+    log = RedoLog(path)
+    assert log.replay() == []
+    assert log.dropped is None
+    log.close()
+    assert path.read_bytes() == FILE_HEADER
+
+
+def test_module_constants():
+    assert _redolog.FILE_HEADER[:4] == struct.pack("<I", 0x4C525854)
