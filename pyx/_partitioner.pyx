@@ -63,3 +63,21 @@ def partitions_for_arrow(keys, int num_partitions):
     if keys.null_count:
         out[np.asarray(keys.is_null())] = -1
     return out
+
+
+def partitions_for_list(list keys, int num_partitions):
+    """Partition per key of a list of bytes / str / None (None gets -1)."""
+    cdef Py_ssize_t i, n = len(keys)
+    out = np.empty(n, np.int32)
+    cdef int32_t[::1] o = out
+    cdef const uint8_t[::1] v
+    for i in range(n):
+        k = keys[i]
+        if k is None:
+            o[i] = -1
+            continue
+        if isinstance(k, str):
+            k = (<str>k).encode()
+        v = k if len(k) else b"\0"
+        o[i] = (_murmur2(&v[0], len(k)) & 0x7fffffff) % num_partitions
+    return out

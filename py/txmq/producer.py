@@ -8,7 +8,7 @@ import random
 import numpy as np
 
 from txmq._log import BatchSpec
-from txmq._partitioner import partition_for, partitions_for_arrow
+from txmq._partitioner import partition_for, partitions_for_arrow, partitions_for_list
 from txmq.errors import BrokerClosedError, InvalidMessageError, PartitionNotFoundError
 from txmq.message import MessageId, MessageIds
 from txmq.partition import now_ms
@@ -97,8 +97,7 @@ class Producer:
         if len(keys) != n:
             raise InvalidMessageError(f"keys (expected {n} entries)", len(keys))
         if isinstance(keys, list):
-            targets = np.fromiter((partition_for(k.encode() if isinstance(k, str) else k, len(parts))
-                                   if k is not None else -1 for k in keys), np.int32, n)
+            targets = partitions_for_list(keys, len(parts))
         else:
             targets = partitions_for_arrow(keys, len(parts))
         nulls = targets < 0
