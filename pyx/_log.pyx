@@ -846,6 +846,28 @@ cdef class Segment:
             return (pos, reason)
         return None
 
+    def verify(self):
+        """O(n) check of every batch (magic, length, CRC, offsets, dense
+        base offsets): None when sound, else ``(position, reason)``."""
+        cdef Py_ssize_t pos = 0
+        cdef int64_t expected = self.base_offset
+        cdef str reason
+        if self.size == 0:
+            return None
+        self._pin()
+        try:
+            while pos < self.size:
+                reason = _check_batch(self.mapping.base + pos, self.size - pos, expected, True, NULL)
+                if reason is not None:
+                    return (pos, reason)
+                expected += load_i32(self.mapping.base + pos + COUNT_OFFSET)
+                pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            if expected != self.next_offset:
+                return (pos, f"batches end at offset {expected}, segment claims {self.next_offset}")
+            return None
+        finally:
+            self.mapping.unpin()
+
     cdef bint _zero_from(self, Py_ssize_t pos, Py_ssize_t limit):
         """True when every byte of [pos, limit) is zero (checks up to 1 MiB,
         then 4 KiB per MiB: a torn write never leaves such a sparse pattern)."""

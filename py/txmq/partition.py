@@ -178,6 +178,26 @@ class Partition:
         self.last_publish_time = max((s.last_publish_time for s in segments), default=0)
         self._synced_offset = self.end_offset
         self._write_recovery_point()
+        if os.environ.get("TXMQ_DEBUG") == "1":
+            self.verify()
+
+    def verify(self) -> None:
+        """O(n): re-check every batch of every segment and the indexes;
+        raise CorruptLogError at the first fault. Run after every open when
+        TXMQ_DEBUG=1 (the test suite sets it)."""
+        prev_end = None
+        for seg in self._segments:
+            if prev_end is not None and seg.base_offset != prev_end:
+                raise CorruptLogError(seg.path, 0, f"segment starts at {seg.base_offset}, previous ends at {prev_end}")
+            bad = seg.verify()
+            if bad is not None:
+                raise CorruptLogError(seg.path, bad[0], bad[1])
+            offs, poss, _, _ = seg.index_entries()
+            for off, pos in zip(offs.tolist(), poss.tolist()):
+                if seg.batch_at(pos).base_offset != off:
+                    raise CorruptLogError(self._file(seg.base_offset, ".index"), pos,
+                                          f"index entry for offset {off} points at another batch")
+            prev_end = seg.next_offset
 
     def _report(self, dropped: Dropped) -> None:
         self.dropped.append(dropped)

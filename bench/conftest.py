@@ -1,0 +1,188 @@
+"""Benchmark harness: every txmq figure is paired with a baseline measured in
+the same run, and the ratio of the two is printed (and written to
+``bench/results.json``) at the end of the session.
+
+A benchmark test calls the ``measure`` fixture instead of ``benchmark``
+directly: it runs ``benchmark.pedantic`` (fixed rounds, no calibration, so
+both sides of a comparison do the same amount of work) and records the
+median seconds per round under ``(comparison, side)``. ``COMPARISONS`` says
+which two sides form a ratio and what the goal is; goals are reported,
+never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_PATH = os.path.join(HERE, "results.json")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``ratio = value(numerator) / value(denominator)`` where value is a
+    throughput (ops/s) or, with ``kind="time"``, a median time in seconds."""
+
+    name: str
+    numerator: str
+    denominator: str
+    goal: float
+    goal_op: str          # ">=" or "<="
+    kind: str = "rate"    # "rate" (ops/s) or "time" (seconds)
+    note: str = ""
+
+
+COMPARISONS = [
+    Comparison("send_batch 1000x100B list, never vs SQLite", "txmq list", "sqlite", 20, ">=",
+               note="goal >= 20x SQLite WAL synchronous=OFF"),
+    Comparison("send_batch 1000x100B arrow, never vs SQLite", "txmq arrow", "sqlite", 20, ">=",
+               note="goal >= 20x SQLite WAL synchronous=OFF"),
+    Comparison("send_batch 1000x100B list, never vs os.write", "txmq list", "os.write", 0.5, ">=",
+               note="goal >= 50% of os.write"),
+    Comparison("send_batch 1000x100B arrow, never vs os.write", "txmq arrow", "os.write", 0.5, ">=",
+               note="goal >= 50% of os.write"),
+    Comparison("send_batch 1000x1KiB list, always vs write+fsync", "txmq list", "os.write+fsync",
+               0.5, ">=", note="goal >= 50% of os.write + os.fsync per batch"),
+    Comparison("send_batch 1000x1KiB arrow, always vs write+fsync", "txmq arrow", "os.write+fsync",
+               0.5, ">=", note="goal >= 50% of os.write + os.fsync per batch"),
+    Comparison("send() 100B vs confluent_kafka produce()", "txmq send", "kafka produce", 0.5, ">=",
+               note="goal >= 0.5x the produce() call rate"),
+    Comparison("receive_many(1000)+ack(list) vs SQLite read_batch", "txmq receive_many", "sqlite",
+               10, ">=", note="goal >= 10x"),
+    Comparison("receive_batch(1000)+ack(batch) vs SQLite read_batch", "txmq receive_batch",
+               "sqlite", 10, ">=", note="goal >= 10x"),
+    Comparison("reopen after SIGKILL: 2 GiB / 100 MiB", "2GiB", "100MiB", 2, "<=", kind="time",
+               note="goal: open time(2 GiB) <= 2x open time(100 MiB)"),
+]
+
+# comparison group -> the COMPARISONS rows it feeds
+GROUPS = {
+    "send_batch_100B_never": COMPARISONS[0:4],
+    "send_batch_1KiB_always": COMPARISONS[4:6],
+    "send_one": COMPARISONS[6:7],
+    "receive_ack": COMPARISONS[7:9],
+    "reopen": COMPARISONS[9:10],
+}
+
+
+class Results:
+    """Medians collected over the session: group -> side -> record."""
+
+    def __init__(self):
+        self.sides: dict[str, dict[str, dict]] = {}
+
+    def add(self, group: str, side: str, median_s: float, ops_per_round: int, unit: str,
+            rounds: int, extra: dict | None = None):
+        self.sides.setdefault(group, {})[side] = {
+            "median_s_per_round": median_s,
+            "ops_per_round": ops_per_round,
+            "unit": unit,
+            "rounds": rounds,
+            "rate_per_s": ops_per_round / median_s if median_s > 0 else None,
+            **(extra or {}),
+        }
+
+    def rows(self):
+        for group, comps in GROUPS.items():
+            sides = self.sides.get(group, {})
+            for c in comps:
+                num, den = sides.get(c.numerator), sides.get(c.denominator)
+                if num is None or den is None:
+                    continue
+                if c.kind == "time":
+                    ratio = num["median_s_per_round"] / den["median_s_per_round"]
+                else:
+                    ratio = num["rate_per_s"] / den["rate_per_s"]
+                met = ratio >= c.goal if c.goal_op == ">=" else ratio <= c.goal
+                yield c, num, den, ratio, met
+
+
+_RESULTS = Results()
+
+
+@pytest.fixture(scope="session")
+def results() -> Results:
+    return _RESULTS
+
+
+@pytest.fixture
+def measure(benchmark, results):
+    """``measure(group, side, fn, ops_per_round=, unit=, rounds=, warmup=, setup=)``:
+    time ``fn`` with pytest-benchmark and record its median."""
+
+    def run(group, side, fn, *, ops_per_round, unit, rounds, warmup=3, setup=None, extra=None):
+        benchmark.group = group
+        benchmark.extra_info.update({"side": side, "ops_per_round": ops_per_round, "unit": unit})
+        kwargs = dict(rounds=rounds, warmup_rounds=warmup, iterations=1)
+        if setup is not None:
+            kwargs["setup"] = setup
+            kwargs.pop("iterations")
+        out = benchmark.pedantic(fn, **kwargs)
+        stats = getattr(benchmark, "stats", None)
+        if stats is not None:  # None under --benchmark-disable
+            results.add(group, side, stats.stats.median, ops_per_round, unit, rounds, extra)
+        return out
+
+    return run
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "reopen: the reopen-after-SIGKILL benchmark (writes ~2.1 GiB; "
+                   "skip with -m 'not reopen')")
+
+
+def _fmt_rate(rec) -> str:
+    r = rec["rate_per_s"]
+    unit = rec["unit"]
+    if unit == "B":
+        return f"{r / 2**20:,.0f} MiB/s"
+    if unit == "s":
+        return f"{rec['median_s_per_round'] * 1000:,.1f} ms"
+    return f"{r:,.0f} {unit}/s"
+
+
+def _machine() -> dict:
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+            "kernel": platform.release()}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _RESULTS.sides:
+        return
+    tr = terminalreporter
+    tr.section("txmq vs baselines (medians; goals reported, not asserted)")
+    if os.environ.get("TXMQ_DEBUG"):
+        tr.write_line("WARNING: TXMQ_DEBUG is set; debug checks slow txmq down.")
+    rows = []
+    for c, num, den, ratio, met in _RESULTS.rows():
+        rows.append({
+            "comparison": c.name, "txmq_side": c.numerator, "baseline_side": c.denominator,
+            "txmq": _fmt_rate(num), "baseline": _fmt_rate(den),
+            "ratio": round(ratio, 3), "goal": f"{c.goal_op} {c.goal:g}", "met": met,
+        })
+    w = max(len(r["comparison"]) for r in rows) if rows else 10
+    tr.write_line(f"{'comparison':<{w}}  {'txmq':>18}  {'baseline':>18}  {'ratio':>8}  {'goal':>6}  met")
+    for r in rows:
+        tr.write_line(f"{r['comparison']:<{w}}  {r['txmq']:>18}  {r['baseline']:>18}  "
+                      f"{r['ratio']:>8.3g}  {r['goal']:>6}  {'yes' if r['met'] else 'NO'}")
+    payload = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": _machine(),
+               "comparisons": rows, "sides": _RESULTS.sides}
+    with open(RESULTS_PATH, "w") as f:
+        json.dump(payload, f, indent=2)
+    tr.write_line(f"written {RESULTS_PATH}")

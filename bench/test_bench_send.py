@@ -1,0 +1,146 @@
+"""Producing: send_batch against SQLite and os.write (fsync="never"),
+against os.write + os.fsync (fsync="always"), and send() against
+confluent_kafka's produce() call rate.
+
+Each test is one side of a comparison (conftest.COMPARISONS); the sides of a
+comparison run in the same session on the same kind of data directory
+(pytest's tmp_path, on the local disk).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pyarrow as pa
+import pytest
+
+import txmq
+from sqlite_baseline import SqliteQueue
+
+BATCH = 1000
+
+
+def payloads(n: int, size: int, seed: int = 1) -> list:
+    rnd = random.Random(seed)
+    return [rnd.randbytes(size) for _ in range(n)]
+
+
+@pytest.fixture
+def broker_never(tmp_path):
+    b = txmq.Broker(tmp_path / "data", fsync="never")
+    b.create_topic("t", 1)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def broker_always(tmp_path):
+    b = txmq.Broker(tmp_path / "data", fsync="always")
+    b.create_topic("t", 1)
+    yield b
+    b.close()
+
+
+# -- 2. send_batch of 1,000 x 100 B, fsync="never" ------------------------------
+
+BATCHES_PER_ROUND = 10   # 10,000 messages, ~1 MB per round
+
+
+@pytest.mark.parametrize("side", ["txmq list", "txmq arrow", "sqlite", "os.write"])
+def test_send_batch_100B_never(side, measure, tmp_path, request):
+    values = payloads(BATCH, 100)
+    if side.startswith("txmq"):
+        producer = request.getfixturevalue("broker_never").producer("t")
+        batch = values if side == "txmq list" else pa.array(values, pa.binary())
+
+        def run():
+            for _ in range(BATCHES_PER_ROUND):
+                producer.send_batch(batch)
+    elif side == "sqlite":
+        q = SqliteQueue(str(tmp_path / "q.db"), synchronous="OFF")
+        request.addfinalizer(q.close)
+
+        def run():
+            for _ in range(BATCHES_PER_ROUND):
+                q.insert_batch(values)
+    else:
+        # The strongest plain-file writer: the batch already joined, one
+        # write(2) per batch of 1,000 messages.
+        blob = b"".join(values)
+        fd = os.open(tmp_path / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        request.addfinalizer(lambda: os.close(fd))
+
+        def run():
+            for _ in range(BATCHES_PER_ROUND):
+                os.write(fd, blob)
+
+    measure("send_batch_100B_never", side, run, ops_per_round=BATCHES_PER_ROUND * BATCH,
+            unit="msg", rounds=80, warmup=5)
+
+
+# -- 3. send_batch of 1,000 x 1 KiB, fsync="always" ------------------------------
+
+@pytest.mark.parametrize("side", ["txmq list", "txmq arrow", "os.write+fsync"])
+def test_send_batch_1KiB_always(side, measure, tmp_path, request):
+    values = payloads(BATCH, 1024)
+    if side.startswith("txmq"):
+        producer = request.getfixturevalue("broker_always").producer("t")
+        batch = values if side == "txmq list" else pa.array(values, pa.binary())
+
+        def run():
+            producer.send_batch(batch)
+    else:
+        blob = b"".join(values)
+        fd = os.open(tmp_path / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        request.addfinalizer(lambda: os.close(fd))
+
+        def run():
+            os.write(fd, blob)
+            os.fsync(fd)
+
+    measure("send_batch_1KiB_always", side, run, ops_per_round=BATCH, unit="msg",
+            rounds=60, warmup=5)
+
+
+# -- 4. send() one message at a time vs Kafka produce() -----------------------------
+
+SENDS_PER_ROUND = 10_000
+
+
+def kafka_producer():
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    # 127.0.0.1:1 refuses connections: produce() only queues in memory.
+    return confluent_kafka.Producer({
+        "bootstrap.servers": "127.0.0.1:1",
+        "queue.buffering.max.messages": 10_000_000,
+        "queue.buffering.max.kbytes": 2_097_151,
+    })
+
+
+@pytest.mark.parametrize("side", ["txmq send", "kafka produce"])
+def test_send_one_100B(side, measure, request):
+    value = payloads(1, 100)[0]
+    if side == "txmq send":
+        producer = request.getfixturevalue("broker_never").producer("t")
+        send = producer.send
+
+        def run():
+            for _ in range(SENDS_PER_ROUND):
+                send(value)
+    else:
+        producer = kafka_producer()
+
+        def close():
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.flush(0)
+
+        request.addfinalizer(close)
+        produce = producer.produce
+
+        def run():
+            for _ in range(SENDS_PER_ROUND):
+                produce("t", value)
+
+    measure("send_one", side, run, ops_per_round=SENDS_PER_ROUND, unit="msg",
+            rounds=40, warmup=3)
