@@ -7,7 +7,7 @@
 #     4     1  version (1)
 #     5     1  reserved, 0
 #     6     2  flags (FLAG_*)
-#     8     4  crc32c of bytes [12, length)
+#     8     4  crc32c of bytes [4, 8) then [12, length): all but magic, crc, length
 #    12     4  length: whole batch in bytes, header to padding, multiple of 8
 #    16     8  base offset (i64)
 #    24     4  count (i32, >= 1)
@@ -53,6 +53,10 @@ cdef enum:
     PUBLISH_TIME_OFFSET = MAX_EVENT_TIME_OFFSET + 8
     HEADER_SIZE = PUBLISH_TIME_OFFSET + 8
     CRC_START = CRC_OFFSET + 4
+    # The CRC also covers version, reserved byte and flags (bytes 4..7), so
+    # a flipped flag cannot turn data into a marker unnoticed.
+    CRC_PREFIX_OFFSET = VERSION_OFFSET
+    CRC_PREFIX_SIZE = CRC_OFFSET - VERSION_OFFSET
 
     FLAG_TRANSACTIONAL = 0x01
     FLAG_CONTROL = 0x02

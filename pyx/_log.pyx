@@ -211,7 +211,9 @@ cdef class BatchSpec:
                 if not PyBytes_Check(v):
                     if isinstance(v, (bytearray, memoryview)):
                         v = bytes(v)
-                        values[i] = v
+                        if self.value_list is values:   # never change the caller's list
+                            self.value_list = list(values)
+                        self.value_list[i] = v
                     else:
                         from txmq.errors import InvalidMessageError
                         raise InvalidMessageError(f"value at index {i} (expected bytes)", v)
@@ -318,13 +320,11 @@ cdef class BatchSpec:
                 self.content_flags |= FLAG_NULL_KEYS
             elif PyBytes_Check(k):
                 self.key_bytes += PyBytes_GET_SIZE(k)
-            elif isinstance(k, str):
-                k = (<str>k).encode()
-                keys[i] = k
-                self.key_bytes += PyBytes_GET_SIZE(k)
-            elif isinstance(k, (bytearray, memoryview)):
-                k = bytes(k)
-                keys[i] = k
+            elif isinstance(k, (str, bytearray, memoryview)):
+                k = (<str>k).encode() if isinstance(k, str) else bytes(k)
+                if self.key_list is keys:   # never change the caller's list
+                    self.key_list = list(keys)
+                self.key_list[i] = k
                 self.key_bytes += PyBytes_GET_SIZE(k)
             else:
                 raise InvalidMessageError(f"key at index {i} (expected bytes, str or None)", k)
@@ -462,7 +462,7 @@ cdef class BatchSpec:
         if self.event_deltas is not None:
             deltas = self.event_deltas
             memcpy(dst + s.event_deltas, &deltas[0], 4 * n)
-        store_u32(dst + CRC_OFFSET, _crc(dst + CRC_START, s.end - CRC_START))
+        store_u32(dst + CRC_OFFSET, batch_crc(dst, s.end))
         return s.end
 
     cdef void _copy_arrow(self, int32_t *out_off, char *out, const char *offsets, bint large,
@@ -475,6 +475,17 @@ cdef class BatchSpec:
                 memcpy(out, data + base, nbytes)
         if nbytes < NOGIL_THRESHOLD:
             memcpy(out, data + base, nbytes)
+
+
+cdef inline uint32_t batch_crc(const char *batch, Py_ssize_t length) noexcept:
+    """CRC of a batch: bytes [4, 8) (version, reserved, flags), then
+    [12, length) (everything after the CRC field)."""
+    cdef uint32_t c = txmq_crc32c_update(0, batch + CRC_PREFIX_OFFSET, CRC_PREFIX_SIZE)
+    if length - CRC_START >= NOGIL_THRESHOLD:
+        with nogil:
+            c = txmq_crc32c_update(c, batch + CRC_START, length - CRC_START)
+        return c
+    return txmq_crc32c_update(c, batch + CRC_START, length - CRC_START)
 
 
 cdef inline uint32_t _crc(const char *p, Py_ssize_t n) noexcept:
@@ -645,7 +656,9 @@ cdef str _check_batch(const char *p, Py_ssize_t avail, int64_t expected_offset, 
         return f"bad message count {count}"
     if expected_offset >= 0 and load_i64(p + BASE_OFFSET_OFFSET) != expected_offset:
         return f"base offset {load_i64(p + BASE_OFFSET_OFFSET)} where {expected_offset} was expected"
-    if verify_crc and _crc(p + CRC_START, length - CRC_START) != load_u32(p + CRC_OFFSET):
+    if <uint8_t>p[VERSION_OFFSET + 1] != 0:
+        return "reserved header byte is not 0"
+    if verify_crc and batch_crc(p, length) != load_u32(p + CRC_OFFSET):
         return "CRC mismatch"
     # The offsets arrays sit at fixed places; read their last entries to
     # place the byte sections, then the computed end must be the length.
@@ -702,6 +715,7 @@ cdef class Segment:
     cdef Py_ssize_t index_interval
     cdef Py_ssize_t last_indexed_pos
     cdef object idx_off, idx_pos, tix_ts, tix_off   # np.int64 arrays, grown by doubling
+    cdef public Py_ssize_t index_faults             # index entries found wrong and bypassed
     cdef Py_ssize_t idx_n, tix_n
 
     def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
@@ -846,6 +860,23 @@ cdef class Segment:
             return (pos, reason)
         return None
 
+    def reindex(self):
+        """Rebuild the sparse indexes from the batches (an index found wrong)."""
+        cdef Py_ssize_t pos = 0
+        self._pin()
+        try:
+            self.idx_n = 0
+            self.tix_n = 0
+            self.last_indexed_pos = -self.index_interval
+            while pos < self.size:
+                self._checked(pos)
+                self._indexed(pos, load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET),
+                              load_i64(self.mapping.base + pos + PUBLISH_TIME_OFFSET))
+                pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            self.index_faults = 0
+        finally:
+            self.mapping.unpin()
+
     def verify(self):
         """O(n) check of every batch (magic, length, CRC, offsets, dense
         base offsets): None when sound, else ``(position, reason)``."""
@@ -947,11 +978,16 @@ cdef class Segment:
         cdef int64_t base
         if offset >= self.next_offset or self.size == 0:
             return -1
+        p = self.mapping.base
         if self.idx_n:
             i = np.searchsorted(self.idx_off[:self.idx_n], offset, side="right") - 1
             if i >= 0:
                 pos = self.idx_pos[i]
-        p = self.mapping.base
+                # An index is derived data: trust an entry only when the
+                # batch it points at starts where the entry says.
+                if not self._entry_holds(pos, self.idx_off[i]):
+                    self.index_faults += 1
+                    pos = 0
         while pos < self.size:
             self._checked(pos)
             base = load_i64(p + pos + BASE_OFFSET_OFFSET)
@@ -973,17 +1009,27 @@ cdef class Segment:
         cdef const char *p
         if self.size == 0:
             return -1
+        p = self.mapping.base
         if self.tix_n:
             i = np.searchsorted(self.tix_ts[:self.tix_n], timestamp, side="left") - 1
             if i >= 0:
-                pos = self.locate(self.tix_off[i])
-        p = self.mapping.base
+                pos = self._locate(self.tix_off[i])
+                if (pos < 0 or not self._entry_holds(pos, self.tix_off[i])
+                        or load_i64(p + pos + PUBLISH_TIME_OFFSET) != self.tix_ts[i]):
+                    self.index_faults += 1
+                    pos = 0
         while pos < self.size:
             self._checked(pos)
             if load_i64(p + pos + PUBLISH_TIME_OFFSET) >= timestamp:
                 return load_i64(p + pos + BASE_OFFSET_OFFSET)
             pos += load_u32(p + pos + LENGTH_OFFSET)
         return -1
+
+    cdef bint _entry_holds(self, Py_ssize_t pos, int64_t offset):
+        if pos < 0 or pos + HEADER_SIZE > self.size or pos % 8:
+            return False
+        return (load_u32(self.mapping.base + pos + MAGIC_OFFSET) == BATCH_MAGIC
+                and load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET) == offset)
 
     cdef int _pin(self) except -1:
         if self.mapping is None:

@@ -42,23 +42,26 @@ class Broker:
     syncs); ``"never"`` syncs nothing. Every mode survives ``kill -9``.
 
     ``segment_bytes_max`` sizes segment files; ``max_message_bytes`` limits
-    one message; ``retention_ms`` / ``retention_bytes`` are the defaults of
+    one message (default 5 MiB, at most half a segment); ``retention_ms`` / ``retention_bytes`` are the defaults of
     topics that set none (None: keep everything); retention only ever
     deletes whole segments below every subscription's mark-delete.
     """
 
     def __init__(self, path, fsync: str = "commit", *, segment_bytes_max: int = 256 * MiB,
-                 max_message_bytes: int = 5 * MiB, index_interval_bytes: int = 4096,
+                 max_message_bytes: int | None = None, index_interval_bytes: int = 4096,
                  retention_ms: int | None = None, retention_bytes: int | None = None,
                  retention_check_interval: float = 60.0):
+        self.path = os.path.abspath(os.fspath(path))
+        self._closed = True
         if fsync not in FSYNC_MODES:
             raise InvalidArgumentError("fsync", fsync, " | ".join(FSYNC_MODES))
         if not isinstance(segment_bytes_max, int) or segment_bytes_max < 4096:
             raise InvalidArgumentError("segment_bytes_max", segment_bytes_max, "an int >= 4096")
+        if max_message_bytes is None:
+            max_message_bytes = min(5 * MiB, segment_bytes_max // 2)
         if not isinstance(max_message_bytes, int) or not 0 < max_message_bytes <= segment_bytes_max // 2:
             raise InvalidArgumentError("max_message_bytes", max_message_bytes,
                                        "an int > 0 and at most half of segment_bytes_max")
-        self.path = os.path.abspath(os.fspath(path))
         self.fsync = fsync
         self.retention_ms = retention_ms
         self.retention_bytes = retention_bytes

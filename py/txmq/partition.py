@@ -192,12 +192,23 @@ class Partition:
             bad = seg.verify()
             if bad is not None:
                 raise CorruptLogError(seg.path, bad[0], bad[1])
-            offs, poss, _, _ = seg.index_entries()
+            offs, poss, ts, toffs = seg.index_entries()
             for off, pos in zip(offs.tolist(), poss.tolist()):
-                if seg.batch_at(pos).base_offset != off:
-                    raise CorruptLogError(self._file(seg.base_offset, ".index"), pos,
-                                          f"index entry for offset {off} points at another batch")
+                if seg.locate(off) != pos or seg.batch_at(pos).base_offset != off:
+                    self._repair_index(seg, f"offset index entry for {off} points at another batch")
+                    break
+            else:
+                for t, off in zip(ts.tolist(), toffs.tolist()):
+                    pos = seg.locate(off)
+                    if pos < 0 or seg.batch_at(pos).base_offset != off or seg.batch_at(pos).publish_time != t:
+                        self._repair_index(seg, f"time index entry ({t}, {off}) is wrong")
+                        break
             prev_end = seg.next_offset
+
+    def _repair_index(self, seg: Segment, reason: str) -> None:
+        self._report(Dropped(self._file(seg.base_offset, ".index"), 0, f"{reason}; index rebuilt"))
+        seg.reindex()
+        self._rewrite_index(seg)
 
     def _report(self, dropped: Dropped) -> None:
         self.dropped.append(dropped)

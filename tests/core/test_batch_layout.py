@@ -100,7 +100,7 @@ def test_header_fields_known_good(full_batch):
         (4, "B", 1),                      # version
         (5, "B", 0),                      # reserved
         (6, "<H", expected_flags),
-        (8, "<I", crc32c_of(raw[12:LENGTH])),
+        (8, "<I", crc32c_of(raw[12:LENGTH], crc32c_of(raw[4:8]))),
         (12, "<I", LENGTH),
         (16, "<q", 0),                    # base offset
         (24, "<i", 3),                    # count
@@ -118,8 +118,9 @@ def test_header_fields_known_good(full_batch):
     for off, fmt, want in table:
         got = struct.unpack_from(fmt, raw, off)[0]
         assert got == want, (off, fmt, got, want)
-    # The crc field is the CRC of [12, length) — also as the literal bytes.
-    assert raw[8:12] == struct.pack("<I", crc32c_of(raw[12:]))
+    # The crc field is the CRC of [4, 8) (version, reserved, flags) followed
+    # by [12, length) — also as the literal bytes.
+    assert raw[8:12] == struct.pack("<I", crc32c_of(raw[12:], crc32c_of(raw[4:8])))
     assert raw[:4] == struct.pack("<I", 0x424D5854)
 
 
@@ -188,7 +189,7 @@ def test_minimal_batch_known_good(tmp_path):
     expected[104] = 0                                  # validity: the key is null
     struct.pack_into("<i", expected, 112, 0)           # event delta
     expected[120:123] = b"abc"                         # values (no key bytes)
-    struct.pack_into("<I", expected, 8, crc32c_of(bytes(expected[12:])))
+    struct.pack_into("<I", expected, 8, crc32c_of(bytes(expected[12:]), crc32c_of(bytes(expected[4:8]))))
     assert raw == bytes(expected)
     info = seg.batch_at(0)
     assert info.txn_id is None and info.producer_id == -1 and info.base_sequence == -1
