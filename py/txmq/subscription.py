@@ -113,6 +113,7 @@ class Subscription:
             cid = self._next_consumer_id
             self._next_consumer_id += 1
             before = self._assignment()
+            consumer.id = cid
             self.consumers.append(consumer)
             self._reassigned(before)
             return cid
