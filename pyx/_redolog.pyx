@@ -188,7 +188,7 @@ class RedoLog:
             raise
         os.replace(tmp, self.path)
         if self.fsync != "never":
-            _sync_dir(os.path.dirname(self.path))
+            sync_dir(os.path.dirname(self.path))
         os.close(self._fd)
         self._fd = fd
         self.size = len(buf)
@@ -216,7 +216,8 @@ def _read_all(int fd, Py_ssize_t size):
     return b"".join(chunks)
 
 
-def _sync_dir(path):
+def sync_dir(path):
+    """fsync a directory, so the names created or renamed in it are durable."""
     fd = os.open(path or ".", os.O_RDONLY)
     try:
         os.fsync(fd)

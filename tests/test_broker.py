@@ -468,3 +468,19 @@ def test_demo_command(tmp_path):
     r = subprocess.run([sys.executable, "-m", "txmq.cli", "topics", str(tmp_path / "demo")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "demo-orders" in r.stdout
+
+
+def test_receive_batch_serves_redeliveries_too(broker):
+    broker.create_topic("t")
+    broker.producer("t").send_batch([b"m%d" % i for i in range(10)])
+    c = broker.subscribe("t", "s", "shared", initial_position="earliest", nack_delay=0)
+    rb = c.receive_batch(timeout=1)
+    assert rb.num_rows == 10
+    c.nack([txmq.MessageId("t", 0, 2), txmq.MessageId("t", 0, 7)])
+    c.ack([txmq.MessageId("t", 0, o) for o in range(10) if o not in (2, 7)])
+    again = c.receive_batch(timeout=1)
+    assert again.column("offset").to_pylist() == [2, 7]
+    assert again.column("value").to_pylist() == [b"m2", b"m7"]
+    c.ack(again)                                   # scattered offsets, acked one by one
+    assert broker.stats()["topics"]["t"]["subscriptions"]["s"]["backlog"] == 0
+    assert c.receive_batch(timeout=0.2) is None

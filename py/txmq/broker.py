@@ -17,6 +17,7 @@ import os
 import shutil
 import threading
 
+from txmq._redolog import sync_dir
 from txmq.consumer import Consumer
 from txmq.errors import (BrokerClosedError, DataDirLockedError, InvalidArgumentError,
                          IsolationLevelMismatchError, SubscriptionBusyError,
@@ -147,6 +148,11 @@ class Broker:
                       "retention_bytes": retention_bytes}
             topic = Topic(tdir, name, config, self._partition_options)
             Topic.write_config(tdir, config)
+            if self.fsync != "never":
+                for p in topic.partitions:
+                    sync_dir(p.path)
+                sync_dir(tdir)
+                sync_dir(os.path.dirname(tdir))
             self._topics[name] = topic
 
     def topics(self) -> list:

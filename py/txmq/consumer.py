@@ -81,8 +81,13 @@ class Consumer:
             md = messages.schema.metadata or {}
             if messages.num_rows == 0:
                 return
-            offsets = messages.column("offset")
-            self._sub.ack_range(int(md[b"partition"]), offsets[0].as_py(), offsets[-1].as_py() + 1)
+            partition = int(md[b"partition"])
+            offsets = messages.column("offset").to_numpy()
+            first, last = int(offsets[0]), int(offsets[-1])
+            if last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all())):
+                self._sub.ack_range(partition, first, last + 1)
+            else:  # redelivered messages are scattered
+                self._sub.ack([MessageId(self.topic, partition, int(o)) for o in offsets])
             return
         self._sub.ack(_ids(messages))
 

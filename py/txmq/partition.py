@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from txmq._log import BatchSpec, Segment, crc32c_of
+from txmq._redolog import sync_dir
 from txmq.errors import CorruptLogError, MessageTooLargeError
 
 log = logging.getLogger("txmq.partition")
@@ -347,6 +348,8 @@ class Partition:
         seg = Segment(self._file(old.next_offset, SEGMENT_SUFFIX), old.next_offset,
                       self.segment_bytes_max, True, self.index_interval_bytes)
         seg.recover(0, old.next_offset)
+        if self.fsync != "never":
+            sync_dir(self.path)
         self._segments = self._segments + (seg,)
         self._write_recovery_point()
 

@@ -321,13 +321,35 @@ class Subscription:
                 lanes = self._lanes_for(consumer)
                 for i in range(len(lanes)):
                     lane = lanes[(consumer.rr + i) % len(lanes)]
-                    batch = self._take_arrow(lane, consumer, max_messages, now, pa)
+                    self._expire(lane, now)
+                    batch = self._redelivered_batch(lane, consumer, max_messages, now, pa)
+                    if batch is None:
+                        batch = self._take_arrow(lane, consumer, max_messages, now, pa)
                     if batch is not None:
                         consumer.rr += i + 1
                         return batch
                 if deadline is not None and deadline <= now:
                     return None
-                self.cond.wait(None if deadline is None else deadline - now)
+                wait = self._next_due(consumer, now)
+                if deadline is not None:
+                    wait = deadline - now if wait is None else min(wait, deadline - now)
+                self.cond.wait(wait)
+
+    def _redelivered_batch(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
+        """Due redeliveries of one partition as a RecordBatch (copied: they
+        are scattered over the log)."""
+        if not lane.redeliver or lane.redeliver[0][0] > now:
+            return None
+        msgs: list = []
+        self._take_redeliveries(lane, consumer, max_messages, now, msgs)
+        if not msgs:
+            return None
+        return pa.RecordBatch.from_arrays(
+            [pa.array([m.key for m in msgs], pa.binary()), pa.array([m.value for m in msgs], pa.binary()),
+             pa.array([m.offset for m in msgs], pa.int64()),
+             pa.array([m.event_time for m in msgs], pa.timestamp("ms")),
+             pa.array([m.publish_time for m in msgs], pa.timestamp("ms"))],
+            schema=_batch_schema(pa, self.topic.name, lane.partition.index))
 
     def _take_arrow(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
         if lane.buffer:
@@ -527,6 +549,10 @@ def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int
         [keys.slice(first, n), values.slice(first, n), pa.array(offsets),
          pa.array(deltas.astype(np.int64) + info.first_event_time, pa.timestamp("ms")),
          pa.array(np.full(n, info.publish_time, np.int64), pa.timestamp("ms"))],
-        schema=pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
-                          ("event_time", pa.timestamp("ms")), ("publish_time", pa.timestamp("ms"))],
-                         metadata={"topic": topic, "partition": str(partition)}))
+        schema=_batch_schema(pa, topic, partition))
+
+
+def _batch_schema(pa, topic: str, partition: int):
+    return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
+                      ("event_time", pa.timestamp("ms")), ("publish_time", pa.timestamp("ms"))],
+                     metadata={"topic": topic, "partition": str(partition)})
