@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 
 import pyarrow as pa
 import pytest
@@ -101,6 +102,43 @@ def test_send_batch_1KiB_always(side, measure, tmp_path, request):
 
     measure("send_batch_1KiB_always", side, run, ops_per_round=BATCH, unit="msg",
             rounds=60, warmup=5)
+
+
+# -- sustained: long enough to roll segments ----------------------------------------
+
+SUSTAINED_BATCHES = 300   # 300 x 1,000 x 1 KiB = 300 MiB per round: at least one roll
+
+
+@pytest.mark.parametrize("side", ["txmq arrow", "os.write"])
+def test_send_batch_sustained(side, measure, tmp_path, request):
+    """Not in the issue's list: the 1 MB-per-round benchmarks above never
+    reach the end of a 256 MiB segment, so their medians leave out what a
+    roll costs. This one writes 300 MiB per round."""
+    if shutil.disk_usage(tmp_path).free < 10 * 2**30:
+        pytest.skip("needs >= 10 GiB free")
+    request.addfinalizer(lambda: shutil.rmtree(tmp_path, ignore_errors=True))
+    values = payloads(BATCH, 1024)
+    if side == "txmq arrow":
+        broker = txmq.Broker(tmp_path / "data", fsync="never")
+        request.addfinalizer(broker.close)
+        broker.create_topic("t", 1)
+        producer = broker.producer("t")
+        batch = pa.array(values, pa.binary())
+
+        def run():
+            for _ in range(SUSTAINED_BATCHES):
+                producer.send_batch(batch)
+    else:
+        blob = b"".join(values)
+        fd = os.open(tmp_path / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        request.addfinalizer(lambda: os.close(fd))
+
+        def run():
+            for _ in range(SUSTAINED_BATCHES):
+                os.write(fd, blob)
+
+    measure("send_batch_sustained", side, run, ops_per_round=SUSTAINED_BATCHES * BATCH,
+            unit="msg", rounds=5, warmup=1)
 
 
 # -- 4. send() one message at a time vs Kafka produce() -----------------------------

@@ -17,7 +17,8 @@ from cpython.buffer cimport PyBUF_WRITABLE
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, int16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
 from libc.errno cimport errno
-from posix.mman cimport mmap, munmap, msync, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED, MS_SYNC
+from posix.mman cimport (mmap, munmap, msync, posix_madvise, PROT_READ, PROT_WRITE, MAP_SHARED,
+                         MAP_FAILED, MS_SYNC, POSIX_MADV_RANDOM)
 from posix.unistd cimport close as c_close, ftruncate
 from posix.fcntl cimport open as c_open, O_RDWR, O_RDONLY, O_CREAT
 
@@ -102,6 +103,11 @@ cdef class Mapping:
         self.base = <char *>p
         self.size = size
         self.writable = writable
+        if writable:
+            # A writable mapping is the active segment: its pages past the
+            # log end are preallocated zeros that read-ahead must not pull
+            # into memory a whole window at a time.
+            posix_madvise(p, size, POSIX_MADV_RANDOM)
 
     def __getbuffer__(self, Py_buffer *buf, int flags):
         if self.base == NULL:
@@ -900,21 +906,15 @@ cdef class Segment:
             self.mapping.unpin()
 
     cdef bint _zero_from(self, Py_ssize_t pos, Py_ssize_t limit):
-        """True when every byte of [pos, limit) is zero (checks up to 1 MiB,
-        then 4 KiB per MiB: a torn write never leaves such a sparse pattern)."""
-        cdef const char *p = self.mapping.base
-        cdef Py_ssize_t i, j, end = min(limit, pos + (1 << 20))
-        with nogil:
-            for i in range(pos, end):
-                if p[i] != 0:
-                    return False
-            i = end
-            while i + 4096 <= limit:
-                for j in range(i, i + 4096):
-                    if p[j] != 0:
-                        return False
-                i += 1 << 20
-        return True
+        """True when the bytes after a zeroed batch header are zero too, as
+        far as a torn write can reach: the largest batch that fits, capped
+        at 1 MiB, read with pread. Reading through the mapping instead would
+        let read-ahead pull the whole preallocated segment into memory."""
+        cdef Py_ssize_t n = min(limit - pos, 1 << 20)
+        if n <= 0 or pos >= self.file_size:
+            return True
+        data = os.pread(self.fd, n, pos)
+        return not data.strip(b"\0")
 
     def truncate_at(self, Py_ssize_t pos, int64_t next_offset):
         """Drop every byte from ``pos`` on, where the batch of ``next_offset``

@@ -12,12 +12,12 @@ Layout of a data directory (docs/FORMAT.md has every file's bytes)::
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
 import threading
 
-from txmq._redolog import sync_dir
 from txmq.consumer import Consumer
 from txmq.errors import (BrokerClosedError, DataDirLockedError, InvalidArgumentError,
                          IsolationLevelMismatchError, SubscriptionBusyError,
@@ -25,7 +25,8 @@ from txmq.errors import (BrokerClosedError, DataDirLockedError, InvalidArgumentE
                          TopicExistsError, TopicNotFoundError)
 from txmq.producer import Producer
 from txmq.scheduler import Scheduler
-from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription, _write_json
+from txmq.files import sync_dir, write_json
+from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription
 from txmq.topic import Topic, check_subscription_name, check_topic_name
 
 log = logging.getLogger("txmq.broker")
@@ -107,7 +108,6 @@ class Broker:
                 if not os.path.exists(meta_path):
                     shutil.rmtree(os.path.join(sdir, sub), ignore_errors=True)
                     continue
-                import json
                 with open(meta_path) as f:
                     meta = json.load(f)
                 topic.subscriptions[sub] = Subscription(
@@ -233,9 +233,9 @@ class Broker:
                         if sub.consumers:
                             raise SubscriptionTypeError(subscription, sub.type, type)
                         sub.type = type
-                        _write_json(os.path.join(sub.path, "subscription.json"),
-                                    {"type": type, "isolation": sub.isolation,
-                                     "initial_position": sub.initial_position})
+                        write_json(os.path.join(sub.path, "subscription.json"),
+                                   {"type": type, "isolation": sub.isolation,
+                                    "initial_position": sub.initial_position})
                     if not sub.consumers:
                         sub.ack_timeout = ack_timeout
                         sub.nack_delay = nack_delay

@@ -11,7 +11,6 @@ Nothing else is needed to deliver each message to one consumer at a time.
 from __future__ import annotations
 
 import heapq
-import json
 import os
 import threading
 import time
@@ -21,6 +20,7 @@ import numpy as np
 
 from txmq._log import SegmentClosedError
 from txmq.cursor import Cursor
+from txmq.files import sync_dir, write_json
 from txmq.errors import (NotAcknowledgeableError, SubscriptionBusyError, SubscriptionTypeError)
 from txmq.message import Message, MessageId
 
@@ -86,12 +86,15 @@ class Subscription:
         os.makedirs(path, exist_ok=True)
         meta = os.path.join(path, "subscription.json")
         if not os.path.exists(meta):
-            _write_json(meta, {"type": type, "isolation": isolation,
-                               "initial_position": initial_position,
-                               "created_ms": time.time_ns() // 1_000_000})
+            write_json(meta, {"type": type, "isolation": isolation,
+                              "initial_position": initial_position,
+                              "created_ms": time.time_ns() // 1_000_000})
         self.lanes: list[_Lane] = []
         for p in topic.partitions:
             self._add_lane(p)
+        if broker.fsync != "never":
+            sync_dir(path)
+            sync_dir(os.path.dirname(path))
 
     def _add_lane(self, partition) -> None:
         initial = partition.end_offset if self.initial_position == "latest" else partition.start_offset
@@ -525,15 +528,6 @@ def _min(a, b):
 
 def _in_ranges(lane: _Lane, off: int) -> bool:
     return any(s <= off < e for s, e, _ in lane.ranges)
-
-
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int):

@@ -6,6 +6,7 @@ import json
 import os
 import re
 
+from txmq.files import write_json
 from txmq.errors import InvalidSubscriptionNameError, InvalidTopicNameError
 from txmq.partition import Partition
 
@@ -52,12 +53,7 @@ class Topic:
 
     @staticmethod
     def write_config(path: str, config: dict) -> None:
-        tmp = os.path.join(path, "topic.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(config, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(path, "topic.json"))
+        write_json(os.path.join(path, "topic.json"), config)
 
     def describe(self) -> dict:
         return {
