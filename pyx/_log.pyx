@@ -192,6 +192,7 @@ cdef class BatchSpec:
     cdef readonly Py_ssize_t max_message_bytes
     cdef readonly uint16_t content_flags
     cdef readonly int64_t first_event_time, max_event_time
+    cdef readonly bint event_time_is_publish_time
     cdef list value_list, key_list
     cdef object value_arrow, key_arrow   # pyarrow arrays (kept alive)
     cdef const uint8_t[::1] v_data, k_data, k_valid
@@ -204,7 +205,7 @@ cdef class BatchSpec:
     cdef object event_deltas     # np.int32 array or None
 
     def __init__(self, values, keys=None, headers=None, event_times=None,
-                 int64_t default_event_time=0):
+                 default_event_time=None):
         cdef Py_ssize_t i, n
         self.count = 0
         if isinstance(values, list):
@@ -357,11 +358,14 @@ cdef class BatchSpec:
             self.header_offsets = offsets
             self.header_bytes = pos
 
-    cdef _set_event_times(self, event_times, int64_t default_event_time):
+    cdef _set_event_times(self, event_times, default_event_time):
         from txmq.errors import InvalidMessageError
         if event_times is None:
-            self.first_event_time = default_event_time
-            self.max_event_time = default_event_time
+            # Without event times every message takes the publish time
+            # (Kafka's CreateTime default), unless a default is given.
+            self.event_time_is_publish_time = default_event_time is None
+            self.first_event_time = 0 if default_event_time is None else default_event_time
+            self.max_event_time = self.first_event_time
             return
         try:
             ts = np.asarray(event_times, dtype=np.int64)
@@ -416,8 +420,12 @@ cdef class BatchSpec:
         store_i64(dst + PRODUCER_ID_OFFSET, producer_id)
         store_i16(dst + PRODUCER_EPOCH_OFFSET, producer_epoch)
         store_u32(dst + HEADER_BYTES_OFFSET, <uint32_t>self.header_bytes)
-        store_i64(dst + FIRST_EVENT_TIME_OFFSET, self.first_event_time)
-        store_i64(dst + MAX_EVENT_TIME_OFFSET, self.max_event_time)
+        if self.event_time_is_publish_time:
+            store_i64(dst + FIRST_EVENT_TIME_OFFSET, publish_time)
+            store_i64(dst + MAX_EVENT_TIME_OFFSET, publish_time)
+        else:
+            store_i64(dst + FIRST_EVENT_TIME_OFFSET, self.first_event_time)
+            store_i64(dst + MAX_EVENT_TIME_OFFSET, self.max_event_time)
         store_i64(dst + PUBLISH_TIME_OFFSET, publish_time)
 
         # values

@@ -71,6 +71,7 @@ class Partition:
         self.topic = topic
         self.index = index
         self.fsync = fsync
+        self._sync_always = fsync == "always"
         self.segment_bytes_max = segment_bytes_max
         self.max_message_bytes = max_message_bytes
         self.index_interval_bytes = index_interval_bytes
@@ -305,38 +306,45 @@ class Partition:
         except ValueError:
             pass
 
-    def append(self, spec: BatchSpec, *, flags: int = 0, txn=(0, 0), producer_id: int = -1,
-               producer_epoch: int = -1, base_sequence: int = -1, sync: bool | None = None) -> int:
+    def append(self, spec: BatchSpec, flags: int = 0, txn_hi: int = 0, txn_lo: int = 0,
+               producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+               sync: bool | None = None) -> int:
         """Append one batch; return its base offset.
 
         ``sync`` makes it durable before returning; by default it follows
-        the fsync mode (only ``"always"`` syncs plain appends).
+        the fsync mode (only ``"always"`` syncs plain appends). This is the
+        hot path of every send: keep it lean.
         """
-        if spec.max_message_bytes > self.max_message_bytes:
-            raise MessageTooLargeError(spec.max_message_bytes, self.max_message_bytes)
-        need = spec.encoded_size()
-        if need > self.segment_bytes_max:
-            raise MessageTooLargeError(need, self.segment_bytes_max)
+        if spec.max_message_bytes > self.max_message_bytes or spec.encoded_size() > self.segment_bytes_max:
+            self._too_large(spec)
         with self.lock:
-            publish_time = max(self.clock(), self.last_publish_time)
-            seg = self.active
-            base = seg.append(spec, flags, txn[0], txn[1], producer_id, producer_epoch,
-                              base_sequence, publish_time)
+            now = self.clock()
+            if now < self.last_publish_time:
+                now = self.last_publish_time
+            seg = self._segments[-1]
+            base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                              base_sequence, now)
             if base < 0:
                 self._roll()
-                seg = self.active
-                base = seg.append(spec, flags, txn[0], txn[1], producer_id, producer_epoch,
-                                  base_sequence, publish_time)
+                seg = self._segments[-1]
+                base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                  base_sequence, now)
                 assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
-            self.last_publish_time = publish_time
+            self.last_publish_time = now
             end = seg.next_offset
             if seg.size - self._checkpoint_pos >= CHECKPOINT_BYTES:
                 self._checkpoint()
-        if sync if sync is not None else self.fsync == "always":
+        if self._sync_always if sync is None else sync:
             self.sync_to(end)
-        for cb in self._listeners:
-            cb(self)
+        if self._listeners:
+            for cb in self._listeners:
+                cb(self)
         return base
+
+    def _too_large(self, spec: BatchSpec):
+        if spec.max_message_bytes > self.max_message_bytes:
+            raise MessageTooLargeError(spec.max_message_bytes, self.max_message_bytes)
+        raise MessageTooLargeError(spec.encoded_size(), self.segment_bytes_max)
 
     def _roll(self) -> None:
         """Seal the active segment and start the next (partition lock held)."""

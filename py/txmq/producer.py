@@ -11,7 +11,6 @@ from txmq._log import BatchSpec
 from txmq._partitioner import partition_for, partitions_for_arrow, partitions_for_list
 from txmq.errors import BrokerClosedError, InvalidMessageError, PartitionNotFoundError
 from txmq.message import MessageId, MessageIds
-from txmq.partition import now_ms
 
 
 class Producer:
@@ -53,23 +52,23 @@ class Producer:
 
         ``value`` and ``key`` are bytes (a str key is UTF-8 encoded);
         ``headers`` a dict or a list of (str, bytes) pairs; ``event_time``
-        int milliseconds (default: now); ``partition`` overrides the
-        partitioner.
+        int milliseconds (default: the publish time); ``partition``
+        overrides the partitioner.
         """
-        self._check_open()
-        if isinstance(key, str):
-            key = key.encode()
-        elif key is not None and not isinstance(key, bytes):
-            if not isinstance(key, (bytearray, memoryview)):
-                raise InvalidMessageError("key (expected bytes, str or None)", key)
-            key = bytes(key)
-        if event_time is not None and not isinstance(event_time, int):
+        if self.closed or self._broker._closed:
+            self._check_open()
+        if key is not None and type(key) is not bytes:
+            key = _key_bytes(key)
+        if event_time is not None and type(event_time) is not int:
             raise InvalidMessageError("event_time (expected int milliseconds)", event_time)
-        spec = BatchSpec([value], None if key is None else [key],
-                         None if not headers else [headers],
-                         None if event_time is None else [event_time], now_ms())
-        p = self._partition(key, partition)
-        return MessageId(self._topic.name, p.index, p.append(spec))
+        spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
+                         None if event_time is None else [event_time])
+        parts = self._topic.partitions
+        if partition is not None or (key is not None and len(parts) > 1):
+            p = self._partition(key, partition)
+        else:
+            p = parts[next(self._rr) % len(parts)]
+        return _new_id(MessageId, (self._topic.name, p.index, p.append(spec)))
 
     def send_batch(self, values, keys=None, headers=None, event_times=None, partition=None) -> MessageIds:
         """Append many messages; return their ids in input order.
@@ -90,7 +89,7 @@ class Producer:
             raise InvalidMessageError("values (a batch needs at least one message)", values)
         if partition is not None or keys is None or len(parts) == 1:
             p = self._partition(None, partition)
-            spec = BatchSpec(values, keys, headers, event_times, now_ms())
+            spec = BatchSpec(values, keys, headers, event_times)
             base = p.append(spec)
             return MessageIds(self._topic.name, np.full(n, p.index, np.int32),
                               np.arange(base, base + n, dtype=np.int64))
@@ -108,7 +107,7 @@ class Producer:
             idx = np.flatnonzero(targets == pi)
             spec = BatchSpec(_take(values, idx), _take(keys, idx),
                              None if headers is None else [headers[i] for i in idx],
-                             None if event_times is None else np.asarray(event_times)[idx], now_ms())
+                             None if event_times is None else np.asarray(event_times)[idx])
             base = parts[pi].append(spec)
             offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
         return MessageIds(self._topic.name, targets, offsets)
@@ -124,6 +123,17 @@ class Producer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_new_id = tuple.__new__   # MessageId without its Python-level __new__: the send hot path
+
+
+def _key_bytes(key) -> bytes:
+    if isinstance(key, str):
+        return key.encode()
+    if isinstance(key, (bytearray, memoryview)):
+        return bytes(key)
+    raise InvalidMessageError("key (expected bytes, str or None)", key)
 
 
 def _take(seq, idx):
