@@ -174,7 +174,8 @@ def test_reopen_and_recover_reads_same_bytes(full_batch, tmp_path):
 
 def test_minimal_batch_known_good(tmp_path):
     """One message, no keys, no headers, no event times: keyless batches set
-    FLAG_NULL_KEYS so Arrow reads null keys, with an all-zero bitmap."""
+    FLAG_NULL_KEYS so Arrow reads null keys, with an all-zero bitmap, and
+    the event time is the publish time."""
     seg = new_segment(tmp_path, base=0)
     spec = BatchSpec([b"abc"])
     assert spec.encoded_size() == 88 + 8 + 8 + 8 + 8 + 0 + 8
@@ -183,7 +184,7 @@ def test_minimal_batch_known_good(tmp_path):
     expected = bytearray(128)
     struct.pack_into("<4sBBH", expected, 0, b"TXMB", 1, 0, F_NULL_KEYS)
     struct.pack_into("<Iqii", expected, 12, 128, 0, 1, -1)
-    struct.pack_into("<QQqhHIqqq", expected, 32, 0, 0, -1, -1, 0, 0, 0, 0, -5)
+    struct.pack_into("<QQqhHIqqq", expected, 32, 0, 0, -1, -1, 0, 0, -5, -5, -5)
     struct.pack_into("<2i", expected, 88, 0, 0)        # key offsets
     struct.pack_into("<2i", expected, 96, 0, 3)        # value offsets
     expected[104] = 0                                  # validity: the key is null
@@ -193,7 +194,7 @@ def test_minimal_batch_known_good(tmp_path):
     assert raw == bytes(expected)
     info = seg.batch_at(0)
     assert info.txn_id is None and info.producer_id == -1 and info.base_sequence == -1
-    assert seg.messages(0) == [(0, None, b"abc", None, 0)]
+    assert seg.messages(0) == [(0, None, b"abc", None, -5)]
     seg.close()
 
 
