@@ -13,6 +13,7 @@ per range, little-endian.
 from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memmove
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 
 import numpy as np
 
@@ -216,3 +217,50 @@ cdef class AckSet:
 
     def __repr__(self):
         return f"AckSet({self.ranges()!r})"
+
+
+def add_many(AckSet acks, offsets):
+    """Add every offset of a sequence; return how many were new. Sorts and
+    merges runs first, so n consecutive offsets cost one range insert."""
+    arr = np.ascontiguousarray(offsets, dtype=np.int64)
+    if arr.shape[0] > 1 and not (arr[1:] > arr[:-1]).all():
+        arr = np.unique(arr)
+    cdef const int64_t[::1] a = arr
+    cdef Py_ssize_t i = 0, j, n = a.shape[0]
+    cdef int64_t added = 0
+    while i < n:
+        j = i + 1
+        while j < n and a[j] == a[j - 1] + 1:
+            j += 1
+        added += acks.add_range(a[i], a[j - 1] + 1)
+        i = j
+    return added
+
+
+def group_offsets(list message_ids):
+    """``{(topic, partition): [offset, ...]}`` of a list of ``(topic,
+    partition, offset)`` ids, in input order: the ack path's bookkeeping,
+    compiled."""
+    cdef dict groups = {}
+    cdef list g = None
+    cdef object last_topic = None, last_partition = None
+    cdef Py_ssize_t i
+    for i in range(len(message_ids)):
+        mid = message_ids[i]
+        if PyTuple_Check(mid) and PyTuple_GET_SIZE(mid) == 3:
+            topic = <object>PyTuple_GET_ITEM(mid, 0)
+            partition = <object>PyTuple_GET_ITEM(mid, 1)
+            offset = <object>PyTuple_GET_ITEM(mid, 2)
+        else:
+            topic, partition, offset = mid[0], mid[1], mid[2]
+        if g is None or topic is not last_topic or (partition is not last_partition
+                                                      and partition != last_partition):
+            key = (topic, partition)
+            g = groups.get(key)
+            if g is None:
+                g = []
+                groups[key] = g
+            last_topic = topic
+            last_partition = partition
+        g.append(offset)
+    return groups

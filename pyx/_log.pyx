@@ -595,6 +595,68 @@ def crc32c_hardware():
 
 
 # --------------------------------------------------------------------------
+# Messages as consumers see them, built straight from a mapped batch.
+
+_tuple_new = tuple.__new__
+
+
+cdef class Message:
+    """One delivered message.
+
+    ``value`` and ``key`` are bytes (``key`` may be None); ``headers`` is the
+    ordered list of ``(str, bytes | None)`` pairs as sent (empty when none);
+    ``properties`` the same as a dict of str, for Pulsar-style use;
+    ``message_id`` is ``(topic, partition, offset)``; times are milliseconds
+    since the epoch; ``txn_id`` is None outside transactions.
+    """
+    cdef public object value, key, message_id, txn_id
+    cdef object _headers
+    cdef readonly int64_t offset
+    cdef public int64_t event_time, publish_time
+    cdef public int redelivery_count
+
+    def __init__(self, value, key, headers, message_id, int64_t event_time, int64_t publish_time,
+                 int redelivery_count=0, txn_id=None):
+        self.value = value
+        self.key = key
+        self._headers = headers or None
+        self.message_id = message_id
+        self.offset = message_id[2]
+        self.event_time = event_time
+        self.publish_time = publish_time
+        self.redelivery_count = redelivery_count
+        self.txn_id = txn_id
+
+    @property
+    def headers(self):
+        return list(self._headers) if self._headers else []
+
+    @property
+    def properties(self):
+        if not self._headers:
+            return {}
+        return {k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in self._headers}
+
+    @property
+    def topic(self):
+        return self.message_id[0]
+
+    @property
+    def partition(self):
+        return self.message_id[1]
+
+    def __reduce__(self):
+        return (Message, (self.value, self.key, self._headers, self.message_id, self.event_time,
+                          self.publish_time, self.redelivery_count, self.txn_id))
+
+    def __repr__(self):
+        v = self.value if len(self.value) <= 40 else self.value[:37] + b"..."
+        mid = self.message_id
+        return (f"Message({mid[0]}/{mid[1]}@{mid[2]}, key={self.key!r}, value={v!r}, "
+                f"redelivery_count={self.redelivery_count})")
+
+
+# --------------------------------------------------------------------------
 # Batch headers as read back from a mapping.
 
 cdef class BatchInfo:
@@ -1085,24 +1147,37 @@ cdef class Segment:
         return b
 
     def messages(self, Py_ssize_t pos, int64_t from_offset=0, Py_ssize_t limit=0x7FFFFFFF):
+        """Decode the batch at ``pos`` into ``(offset, key, value, headers,
+        event_time)`` tuples, from ``from_offset`` on, at most ``limit``."""
         self._pin()
         try:
-            return self._messages(pos, from_offset, limit)
+            return self._decode(pos, from_offset, limit, None, None, 0, None, None)
         finally:
             self.mapping.unpin()
 
-    def _messages(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit):
-        """Decode the batch at ``pos`` into ``(offset, key, value, headers,
-        event_time)`` tuples, from ``from_offset`` on, at most ``limit``."""
+    def read_messages(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, str topic,
+                      int partition, id_type, txn_id=None):
+        """Decode the batch at ``pos`` into :class:`Message` objects whose
+        ``message_id`` is ``id_type((topic, partition, offset))``."""
+        self._pin()
+        try:
+            return self._decode(pos, from_offset, limit, id_type, topic, partition, txn_id, Message)
+        finally:
+            self.mapping.unpin()
+
+    cdef list _decode(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, id_type,
+                      str topic, int partition, txn_id, message_type):
         cdef Sections s = self._checked(pos)
         cdef const char *p = self.mapping.base + pos
         cdef int32_t count = load_i32(p + COUNT_OFFSET)
         cdef uint16_t flags = load_u16(p + FLAGS_OFFSET)
         cdef int64_t base = load_i64(p + BASE_OFFSET_OFFSET)
         cdef int64_t first_et = load_i64(p + FIRST_EVENT_TIME_OFFSET)
+        cdef int64_t publish_time = load_i64(p + PUBLISH_TIME_OFFSET)
         cdef Py_ssize_t i = max(0, from_offset - base), end = min(<Py_ssize_t>count, i + limit)
         cdef int32_t ks, ke, vs, ve, hs, he
-        out = []
+        cdef Message m
+        cdef list out = []
         for i in range(i, end):
             if (flags & FLAG_NULL_KEYS) and not (<uint8_t>p[s.validity + (i >> 3)] & (1 << (i & 7))):
                 key = None
@@ -1122,7 +1197,20 @@ cdef class Segment:
                         headers = decode_headers(p + s.headers + hs, he - hs)
                     except ValueError as e:
                         raise CorruptLogError(self.path, pos, f"headers of offset {base + i}: {e}")
-            out.append((base + i, key, value, headers, first_et + load_i32(p + s.event_deltas + 4 * i)))
+            if message_type is None:
+                out.append((base + i, key, value, headers, first_et + load_i32(p + s.event_deltas + 4 * i)))
+                continue
+            m = Message.__new__(Message)
+            m.value = value
+            m.key = key
+            m._headers = headers
+            m.message_id = _tuple_new(id_type, (topic, partition, base + i))
+            m.offset = base + i
+            m.event_time = first_et + load_i32(p + s.event_deltas + 4 * i)
+            m.publish_time = publish_time
+            m.redelivery_count = 0
+            m.txn_id = txn_id
+            out.append(m)
         return out
 
     def arrow_buffers(self, Py_ssize_t pos):

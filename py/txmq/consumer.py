@@ -11,6 +11,11 @@ from txmq.message import Message, MessageId
 def _ids(messages) -> list:
     if isinstance(messages, (Message, MessageId)):
         messages = [messages]
+    if type(messages) is list:
+        try:  # the common case, a list from receive_many
+            return [m.message_id for m in messages]
+        except AttributeError:
+            pass
     out = []
     for m in messages:
         if isinstance(m, Message):

@@ -17,7 +17,7 @@ import struct
 
 import numpy as np
 
-from txmq._ackset import AckSet
+from txmq._ackset import AckSet, add_many
 from txmq._redolog import RedoLog
 from txmq.errors import CorruptLogError
 
@@ -53,9 +53,8 @@ class Cursor:
                 n = struct.unpack_from("<I", payload)[0]
                 if len(payload) != 4 + 8 * n:
                     raise ValueError(f"ack frame of {n} offsets has {len(payload)} bytes")
-                for off in np.frombuffer(payload, "<i8", n, 4):
-                    if off >= self.mark_delete:
-                        self.acked.add(int(off))
+                offs = np.frombuffer(payload, "<i8", n, 4)
+                add_many(self.acked, offs[offs >= self.mark_delete])
                 self._advance()
             elif kind == MARK_DELETE:
                 self._set_mark_delete(_I64.unpack(payload)[0])
@@ -88,13 +87,18 @@ class Cursor:
 
     def ack(self, offsets) -> list:
         """Acknowledge offsets individually; return those that were new."""
-        new = [o for o in offsets if not self.is_acked(o)]
+        md = self.mark_delete
+        if len(self.acked):
+            contains = self.acked.contains
+            new = [o for o in offsets if o >= md and not contains(o)]
+        else:
+            new = [o for o in offsets if o >= md]
         if not new:
             return new
-        self.log.append(ACK, struct.pack("<I", len(new)) + np.asarray(new, "<i8").tobytes())
+        arr = np.asarray(new, "<i8")
+        self.log.append(ACK, struct.pack("<I", len(arr)) + arr.tobytes())
         self._persisted()
-        for o in new:
-            self.acked.add(o)
+        add_many(self.acked, arr)
         self._advance()
         return new
 

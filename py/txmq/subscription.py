@@ -18,11 +18,12 @@ from collections import deque
 
 import numpy as np
 
+from txmq._ackset import group_offsets
 from txmq._log import SegmentClosedError
 from txmq.cursor import Cursor
 from txmq.files import sync_dir, write_json
 from txmq.errors import (NotAcknowledgeableError, SubscriptionBusyError, SubscriptionTypeError)
-from txmq.message import Message, MessageId
+from txmq.message import MessageId
 
 TYPES = ("exclusive", "shared", "failover")
 ISOLATIONS = ("read_committed", "read_uncommitted")
@@ -32,7 +33,7 @@ POSITIONS = ("latest", "earliest")
 class _Lane:
     """Dispatch state of one subscription on one partition."""
 
-    __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "outstanding",
+    __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "buf_i", "outstanding",
                  "ranges", "redeliver", "redelivery_count", "deadlines")
 
     def __init__(self, partition, cursor: Cursor):
@@ -45,11 +46,12 @@ class _Lane:
         self.read_offset = max(offset, self.partition.start_offset)
         self.seg = None
         self.pos = -1
-        self.buffer: deque = deque()
+        self.buffer: list = []                     # decoded Messages of one batch ...
+        self.buf_i = 0                             # ... from this index on not yet dispatched
         self.outstanding: dict[int, int] = {}      # offset -> consumer id
         self.ranges: list = []                     # [start, end, consumer id] of batch deliveries
         self.redeliver: list = []                  # heap of (ready time, offset)
-        self.deadlines: deque = deque()            # (deadline, offset | None, start, end, consumer id)
+        self.deadlines: deque = deque()            # (deadline, offsets | None, start, end, consumer id)
 
     def locate(self) -> bool:
         """Point (seg, pos) at the batch holding ``read_offset``."""
@@ -230,11 +232,12 @@ class Subscription:
         """Ack timeout: queue what was delivered before the deadline and is
         still unacknowledged by the consumer it went to."""
         while lane.deadlines and lane.deadlines[0][0] <= now:
-            _, off, start, end, cid = lane.deadlines.popleft()
-            if off is not None:
-                if lane.outstanding.get(off) == cid:
-                    del lane.outstanding[off]
-                    self._queue_redelivery(lane, off, now)
+            _, offsets, start, end, cid = lane.deadlines.popleft()
+            if offsets is not None:
+                for off in offsets:
+                    if lane.outstanding.get(off) == cid:
+                        del lane.outstanding[off]
+                        self._queue_redelivery(lane, off, now)
                 continue
             for i, (s, e, c) in enumerate(lane.ranges):
                 if s == start and e == end and c == cid:
@@ -244,10 +247,11 @@ class Subscription:
                             self._queue_redelivery(lane, o, now)
                     break
 
-    def _deliver(self, lane: _Lane, consumer, off: int, now: float) -> None:
-        lane.outstanding[off] = consumer.id
+    def _deliver(self, lane: _Lane, consumer, offsets: list, now: float) -> None:
+        cid = consumer.id
+        lane.outstanding.update(dict.fromkeys(offsets, cid))
         if self.ack_timeout:
-            lane.deadlines.append((now + self.ack_timeout, off, 0, 0, consumer.id))
+            lane.deadlines.append((now + self.ack_timeout, list(offsets), 0, 0, cid))
 
     def _take_redeliveries(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
         cursor = lane.cursor
@@ -255,24 +259,37 @@ class Subscription:
             _, off = heapq.heappop(lane.redeliver)
             if cursor.is_acked(off) or off in lane.outstanding or off < lane.partition.start_offset:
                 continue
-            msgs = lane.partition.read(off, 1)
-            if not msgs or msgs[0][0] != off:
+            seg, pos = lane.partition.segment_for(off)
+            if seg is None:
                 continue
-            self._deliver(lane, consumer, off, now)
+            info = seg.batch_at(pos)
+            msgs = seg.read_messages(pos, off, 1, self.topic.name, lane.partition.index, MessageId,
+                                     info.txn_id)
+            if not msgs or msgs[0].offset != off:
+                continue
             m = msgs[0]
-            out.append(self._message(lane, m[:6] + (m[6].txn_id,)))
+            m.redelivery_count = lane.redelivery_count.get(off, 0)
+            self._deliver(lane, consumer, [off], now)
+            out.append(m)
 
     def _take_fresh(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
         cursor = lane.cursor
         while len(out) < n:
-            if not lane.buffer and not self._fill(lane):
+            if lane.buf_i >= len(lane.buffer) and not self._fill(lane):
                 return
-            m = lane.buffer.popleft()
-            off = m[0]
-            if cursor.is_acked(off):
-                continue
-            self._deliver(lane, consumer, off, now)
-            out.append(self._message(lane, m))
+            i = lane.buf_i
+            chunk = lane.buffer[i:i + n - len(out)]
+            lane.buf_i = i + len(chunk)
+            if chunk[0].offset < cursor.mark_delete or len(cursor.acked):
+                # Acknowledged while buffered, or before a restart.
+                chunk = [m for m in chunk if not cursor.is_acked(m.offset)]
+                if not chunk:
+                    continue
+                offsets = [m.offset for m in chunk]
+            else:  # one batch, nothing skipped: a dense run
+                offsets = range(chunk[0].offset, chunk[-1].offset + 1)
+            self._deliver(lane, consumer, offsets, now)
+            out += chunk
 
     def _fill(self, lane: _Lane) -> bool:
         """Decode the next batch below the limit into the lane's buffer."""
@@ -294,22 +311,17 @@ class Subscription:
                     lane.read_offset = info.next_offset
                     continue
                 take = limit - lane.read_offset
-                msgs = lane.seg.messages(lane.pos, lane.read_offset, take)
+                msgs = lane.seg.read_messages(lane.pos, lane.read_offset, take, self.topic.name,
+                                              lane.partition.index, MessageId, info.txn_id)
             except SegmentClosedError:
                 lane.seg = None
                 continue
-            for m in msgs:
-                lane.buffer.append(m + (info.publish_time, info.txn_id))
-            lane.read_offset = msgs[-1][0] + 1 if msgs else info.next_offset
+            lane.buffer = msgs
+            lane.buf_i = 0
+            lane.read_offset = msgs[-1].offset + 1 if msgs else info.next_offset
             if msgs:
                 return True
         return False
-
-    def _message(self, lane: _Lane, m) -> Message:
-        """``m`` = (offset, key, value, headers, event_time, publish_time, txn words | None)."""
-        off = m[0]
-        return Message(m[2], m[1], m[3], MessageId(self.topic.name, lane.partition.index, off),
-                       m[4], m[5], lane.redelivery_count.get(off, 0), m[6])
 
     # -- the Arrow fast path ---------------------------------------------------
 
@@ -355,9 +367,11 @@ class Subscription:
             schema=_batch_schema(pa, self.topic.name, lane.partition.index))
 
     def _take_arrow(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
-        if lane.buffer:
-            lane.read_offset = lane.buffer[0][0]   # hand the buffered run back to the log
-            lane.buffer.clear()
+        if lane.buf_i < len(lane.buffer):
+            # Hand the buffered run back to the log.
+            lane.read_offset = lane.buffer[lane.buf_i].offset
+            lane.buffer = []
+            lane.buf_i = 0
             lane.seg = None
         limit = self.limit(lane)
         while lane.read_offset < limit:
@@ -399,6 +413,8 @@ class Subscription:
     def _lane_of(self, message_id) -> _Lane:
         if message_id.topic != self.topic.name:
             raise NotAcknowledgeableError(message_id, f"it is not on topic {self.topic.name!r}")
+        if type(message_id.partition) is not int or type(message_id.offset) is not int:
+            raise NotAcknowledgeableError(message_id, "partition and offset must be ints")
         if not 0 <= message_id.partition < len(self.lanes):
             raise NotAcknowledgeableError(message_id, "no such partition")
         lane = self.lanes[message_id.partition]
@@ -408,16 +424,23 @@ class Subscription:
 
     def ack(self, message_ids) -> int:
         """Acknowledge individually; return how many were newly acknowledged."""
-        by_lane: dict = {}
-        for mid in message_ids:
-            by_lane.setdefault(id(lane := self._lane_of(mid)), (lane, []))[1].append(mid.offset)
+        groups = group_offsets(message_ids if type(message_ids) is list else list(message_ids))
+        checked = []
+        for (topic, partition), offsets in groups.items():
+            # Every offset lies in [min, max]: checking both ends checks all.
+            lane = self._lane_of(MessageId(topic, partition, max(offsets)))
+            self._lane_of(MessageId(topic, partition, min(offsets)))
+            checked.append((lane, offsets))
         n = 0
         with self.cond:
-            for lane, offsets in by_lane.values():
+            for lane, offsets in checked:
                 n += len(lane.cursor.ack(offsets))
+                pop = lane.outstanding.pop
                 for off in offsets:
-                    lane.outstanding.pop(off, None)
-                    lane.redelivery_count.pop(off, None)
+                    pop(off, None)
+                if lane.redelivery_count:
+                    for off in offsets:
+                        lane.redelivery_count.pop(off, None)
                 self._trim_ranges(lane)
         return n
 
