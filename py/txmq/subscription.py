@@ -10,6 +10,7 @@ Nothing else is needed to deliver each message to one consumer at a time.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 import threading
@@ -569,6 +570,7 @@ def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int
         schema=_batch_schema(pa, topic, partition))
 
 
+@functools.lru_cache(maxsize=4096)
 def _batch_schema(pa, topic: str, partition: int):
     return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
                       ("event_time", pa.timestamp("ms")), ("publish_time", pa.timestamp("ms"))],
