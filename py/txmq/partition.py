@@ -78,7 +78,9 @@ class Partition:
         self.clock = clock
         self.lock = threading.Lock()
         self._sync_lock = threading.Lock()
-        self._synced_offset = 0          # every offset below is durable
+        self._synced_offset = 0          # every offset below is durable ...
+        self._synced_base = -1           # ... and so is this segment ...
+        self._synced_pos = 0             # ... up to this position
         self._listeners = []             # called with no lock held after an append
         self.dropped: list[Dropped] = []  # what recovery cut off, for stats and logs
         self._segments: tuple = ()
@@ -372,19 +374,24 @@ class Partition:
 
     def sync_to(self, offset: int) -> None:
         """Make every offset below ``offset`` durable. Threads that wait here
-        together share one msync (group commit)."""
+        together share one msync (group commit), and each msync covers only
+        the bytes written since the previous one."""
         if self._synced_offset >= offset:
             return
         with self._sync_lock:
             if self._synced_offset >= offset:
                 return
             segs = self._segments
-            end = segs[-1].next_offset
-            for seg in reversed(segs):
+            active = segs[-1]
+            end_offset, end_pos = active.next_offset, active.size
+            for seg in reversed(segs[:-1]):
                 if seg.next_offset <= self._synced_offset:
                     break
                 seg.sync()
-            self._synced_offset = max(self._synced_offset, end)
+            start = self._synced_pos if self._synced_base == active.base_offset else 0
+            active.sync(start, end_pos)
+            self._synced_offset = end_offset
+            self._synced_base, self._synced_pos = active.base_offset, end_pos
 
     # -- reading -------------------------------------------------------------
 
