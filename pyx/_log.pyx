@@ -14,6 +14,8 @@ it is dereferenced, so this module turns off Cython's own checks.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE, PyBytes_Check
 from cpython.buffer cimport PyBUF_WRITABLE
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, int16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
 from libc.errno cimport errno
@@ -430,14 +432,7 @@ cdef class BatchSpec:
 
         # values
         if self.value_list is not None:
-            pos = 0
-            voff[0] = 0
-            for i in range(n):
-                v = self.value_list[i]
-                m = PyBytes_GET_SIZE(v)
-                memcpy(vdst + pos, PyBytes_AS_STRING(v), m)
-                pos += m
-                voff[i + 1] = <int32_t>pos
+            _copy_list(self.value_list, n, voff, vdst, self.value_bytes)
         else:
             self._copy_arrow(voff, vdst, self.v_offsets, self.v_large, self.v_base,
                              &self.v_data[0], self.value_bytes)
@@ -489,6 +484,46 @@ cdef class BatchSpec:
                 memcpy(out, data + base, nbytes)
         if nbytes < NOGIL_THRESHOLD:
             memcpy(out, data + base, nbytes)
+
+
+cdef int _copy_list(list items, Py_ssize_t n, int32_t *offsets, char *dst,
+                    Py_ssize_t total) except -1:
+    """Copy bytes objects back to back into ``dst`` and fill ``offsets``.
+
+    Large copies gather the (pointer, size) pairs with the GIL and copy
+    without it; the list keeps every object alive meanwhile."""
+    cdef Py_ssize_t i, pos = 0, m
+    cdef const char **ptrs
+    cdef Py_ssize_t *sizes
+    offsets[0] = 0
+    if total < NOGIL_THRESHOLD:
+        for i in range(n):
+            v = items[i]
+            m = PyBytes_GET_SIZE(v)
+            memcpy(dst + pos, PyBytes_AS_STRING(v), m)
+            pos += m
+            offsets[i + 1] = <int32_t>pos
+        return 0
+    ptrs = <const char **>PyMem_Malloc(n * sizeof(char *))
+    sizes = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+    if ptrs == NULL or sizes == NULL:
+        PyMem_Free(ptrs)
+        PyMem_Free(sizes)
+        raise MemoryError()
+    try:
+        for i in range(n):
+            v = items[i]
+            ptrs[i] = PyBytes_AS_STRING(v)
+            sizes[i] = PyBytes_GET_SIZE(v)
+        with nogil:
+            for i in range(n):
+                memcpy(dst + pos, ptrs[i], sizes[i])
+                pos += sizes[i]
+                offsets[i + 1] = <int32_t>pos
+    finally:
+        PyMem_Free(ptrs)
+        PyMem_Free(sizes)
+    return 0
 
 
 cdef inline uint32_t batch_crc(const char *batch, Py_ssize_t length) noexcept:
@@ -787,7 +822,11 @@ cdef class Segment:
     cdef readonly Mapping mapping
     cdef int fd
     cdef Py_ssize_t allocated
+    # CRC is checked once per batch per process. Verified: the prefix
+    # [0, verified_end) read in order, and the tail [verified_from, size)
+    # that recovery scanned or this process appended.
     cdef Py_ssize_t verified_end
+    cdef Py_ssize_t verified_from
     cdef Py_ssize_t index_interval
     cdef Py_ssize_t last_indexed_pos
     cdef object idx_off, idx_pos, tix_ts, tix_off   # np.int64 arrays, grown by doubling
@@ -819,6 +858,7 @@ cdef class Segment:
             self.capacity = file_size
         self.size = 0
         self.verified_end = 0
+        self.verified_from = PY_SSIZE_T_MAX
         if self.capacity > 0:
             self.mapping = Mapping(self.fd, self.capacity, writable)
 
@@ -847,8 +887,8 @@ cdef class Segment:
         spec.write(self.mapping.base + start, base, flags, txn_hi, txn_lo, producer_id,
                    producer_epoch, base_sequence, publish_time)
         self._indexed(start, base, publish_time)
-        if self.verified_end == start:
-            self.verified_end = start + need
+        if self.verified_from > start:      # a segment never recovered: all of it is ours
+            self.verified_from = start
         self.size = start + need
         self.next_offset = base + spec.count
         self.last_publish_time = publish_time
@@ -927,7 +967,8 @@ cdef class Segment:
             expected += load_i32(base + pos + COUNT_OFFSET)
             pos += load_u32(base + pos + LENGTH_OFFSET)
         self.size = pos
-        self.verified_end = pos
+        self.verified_from = start_pos      # [0, start_pos) was trusted, not checked
+        self.verified_end = 0
         self.next_offset = expected
         self.allocated = max(self.allocated, pos)
         if reason is not None:
@@ -1002,6 +1043,7 @@ cdef class Segment:
         self.allocated = pos
         self.size = min(self.size, pos)
         self.verified_end = min(self.verified_end, pos)
+        self.verified_from = min(self.verified_from, pos)
         self.next_offset = next_offset
 
     # -- indexes on disk ---------------------------------------------------
@@ -1109,7 +1151,7 @@ cdef class Segment:
     cdef Sections _checked(self, Py_ssize_t pos) except *:
         """Check the batch at ``pos`` (CRC once per process) or raise CorruptLogError."""
         cdef Sections s
-        cdef bint verify = pos >= self.verified_end
+        cdef bint verify = self.verified_end <= pos < self.verified_from
         if pos < 0 or pos >= self.size or self.mapping is None or self.mapping.base == NULL:
             raise CorruptLogError(self.path, pos, "position outside the segment")
         reason = _check_batch(self.mapping.base + pos, self.size - pos, -1, verify, &s)
@@ -1117,6 +1159,8 @@ cdef class Segment:
             raise CorruptLogError(self.path, pos, reason)
         if verify and pos == self.verified_end:
             self.verified_end = pos + load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            if self.verified_end >= self.verified_from:
+                self.verified_from = 0      # prefix met tail: everything is checked
         return s
 
     def batch_at(self, Py_ssize_t pos):

@@ -22,11 +22,13 @@ import hashlib
 import os
 import random
 import sys
+import time
 
 TOPIC = "t"
 PARTITIONS = 4
 SEGMENT_BYTES = 64 * 1024
 WORK_SUB = "work"
+BROKER_OPTS = dict(segment_bytes_max=SEGMENT_BYTES, max_message_bytes=16 * 1024)
 
 
 def filler(cycle: int, seq: int) -> bytes:
@@ -106,7 +108,7 @@ def produce_some(prod, rng, cycle, state, out, partition_for) -> None:
         state["seq"] = seq + 1
         out.write([f"A {cycle}:{seq} {mid.partition} {mid.offset}\n"])
         return
-    n = rng.randint(2, 40)
+    n = rng.randint(2, 16)
     bid = state["bid"]
     state["bid"] = bid + 1
     seqs = list(range(seq, seq + n))
@@ -136,7 +138,7 @@ def main(argv) -> None:
 
     rng = random.Random(seed)
     out = Out()
-    broker = txmq.Broker(data, fsync=fsync, segment_bytes_max=SEGMENT_BYTES)
+    broker = txmq.Broker(data, fsync=fsync, **BROKER_OPTS)
     prod = broker.producer(TOPIC)
     state = {"seq": 0, "bid": 0}
     cons = None
@@ -147,6 +149,8 @@ def main(argv) -> None:
     while True:
         if mode == "produce":
             produce_some(prod, rng, cycle, state, out, partition_for)
+            if rng.random() < 0.5:   # bound the volume the parent re-reads each cycle
+                time.sleep(0.001)
             continue
         if rng.random() < 0.3:
             produce_some(prod, rng, cycle, state, out, partition_for)

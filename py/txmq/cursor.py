@@ -13,13 +13,16 @@ Frames (payload little-endian; the redo log adds length, CRC and type):
 
 from __future__ import annotations
 
+import logging
 import struct
 
 import numpy as np
 
 from txmq._ackset import AckSet, add_many
-from txmq._redolog import RedoLog
+from txmq._redolog import FILE_HEADER, RedoLog
 from txmq.errors import CorruptLogError
+
+log = logging.getLogger("txmq.cursor")
 
 ACK, MARK_DELETE, RESET, ACK_RANGE = 2, 3, 4, 5
 _I64 = struct.Struct("<q")
@@ -32,17 +35,55 @@ COMPACT_FRAMES = 10_000
 class Cursor:
     """Mark-delete + individual acks of one partition, durable per ``fsync``."""
 
-    def __init__(self, path, fsync: str, initial_offset: int):
+    def __init__(self, path, fsync: str, initial_offset: int, lost_offset: int):
+        """Open or create the cursor log at ``path``.
+
+        A new cursor starts at ``initial_offset``. A cursor log that existed
+        but kept no valid frame has lost its position: it restarts at
+        ``lost_offset`` (the log start), so messages may come again but none
+        is skipped, and ``problems`` says so.
+        """
         self.log = RedoLog(path, fsync)
+        existed = self.log.size > len(FILE_HEADER)
         self.mark_delete = initial_offset
         self.acked = AckSet()
+        self.problems: list[str] = []
         frames = self.log.replay()
-        self.dropped = self.log.dropped
+        if self.log.dropped is not None:
+            pos, reason, n = self.log.dropped
+            self._problem(f"{self.log.path} at byte {pos}: {reason}; {n} bytes cut")
         if not frames:
+            if existed:
+                self._problem(f"{self.log.path}: no valid frame left; cursor restarts at offset "
+                              f"{lost_offset} (messages may be delivered again)")
+                initial_offset = lost_offset
+            self.mark_delete = initial_offset
             self.log.append(RESET, _I64.pack(initial_offset))
             self.log.sync()
         for kind, payload in frames:
             self._apply(kind, payload)
+
+    def _problem(self, text: str) -> None:
+        self.problems.append(text)
+        log.warning("txmq: cursor %s", text)
+
+    def clamp(self, end_offset: int) -> None:
+        """Forget acknowledgements at or past ``end_offset``: the log was
+        cut there on open, and offsets past it will name new messages."""
+        if self.mark_delete > end_offset:
+            self._problem(f"{self.log.path}: mark-delete {self.mark_delete} is past the log end "
+                          f"{end_offset}; moved back")
+            self.reset(end_offset)
+            return
+        ranges = self.acked.ranges()
+        if ranges and ranges[-1][1] > end_offset:
+            self._problem(f"{self.log.path}: acknowledgements past the log end {end_offset} dropped")
+            kept = AckSet()
+            for a, b in ranges:
+                if a < end_offset:
+                    kept.add_range(a, min(b, end_offset))
+            self.acked = kept
+            self.log.compact(_I64.pack(self.mark_delete) + self.acked.to_bytes())
 
     def _apply(self, kind: int, payload: bytes) -> None:
         try:

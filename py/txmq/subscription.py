@@ -102,7 +102,8 @@ class Subscription:
     def _add_lane(self, partition) -> None:
         initial = partition.end_offset if self.initial_position == "latest" else partition.start_offset
         cursor = Cursor(os.path.join(self.path, f"cursor-{partition.index}.log"),
-                        self.broker.fsync, initial)
+                        self.broker.fsync, initial, partition.start_offset)
+        cursor.clamp(partition.end_offset)
         self.lanes.append(_Lane(partition, cursor))
         partition.add_listener(self._on_append)
 
@@ -527,6 +528,7 @@ class Subscription:
                     "backlog": max(0, limit - md) - lane.cursor.acked.count_in(md, limit),
                     "unacked": lane.outstanding_count(),
                     "pending_redelivery": len(lane.redeliver),
+                    "cursor_problems_on_open": list(lane.cursor.problems),
                 })
             return {
                 "type": self.type,
