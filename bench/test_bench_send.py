@@ -48,6 +48,13 @@ def broker_always(tmp_path):
 BATCHES_PER_ROUND = 10   # 10,000 messages, ~1 MB per round
 
 
+def plain_log(tmp_path, request) -> int:
+    """The baseline's file: appended with write(2), closed after the test."""
+    fd = os.open(tmp_path / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    request.addfinalizer(lambda: os.close(fd))
+    return fd
+
+
 @pytest.mark.parametrize("side", ["txmq list", "txmq arrow", "sqlite", "os.write"])
 def test_send_batch_100B_never(side, measure, tmp_path, request):
     values = payloads(BATCH, 100)
@@ -69,8 +76,7 @@ def test_send_batch_100B_never(side, measure, tmp_path, request):
         # The strongest plain-file writer: the batch already joined, one
         # write(2) per batch of 1,000 messages.
         blob = b"".join(values)
-        fd = os.open(tmp_path / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        request.addfinalizer(lambda: os.close(fd))
+        fd = plain_log(tmp_path, request)
 
         def run():
             for _ in range(BATCHES_PER_ROUND):
@@ -93,8 +99,7 @@ def test_send_batch_1KiB_always(side, measure, tmp_path, request):
             producer.send_batch(batch)
     else:
         blob = b"".join(values)
-        fd = os.open(tmp_path / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        request.addfinalizer(lambda: os.close(fd))
+        fd = plain_log(tmp_path, request)
 
         def run():
             os.write(fd, blob)
@@ -130,8 +135,7 @@ def test_send_batch_sustained(side, measure, tmp_path, request):
                 producer.send_batch(batch)
     else:
         blob = b"".join(values)
-        fd = os.open(tmp_path / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        request.addfinalizer(lambda: os.close(fd))
+        fd = plain_log(tmp_path, request)
 
         def run():
             for _ in range(SUSTAINED_BATCHES):

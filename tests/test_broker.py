@@ -439,26 +439,6 @@ def test_blocked_receive_wakes_on_send(broker):
     assert got and got[0].value == b"wake" and time.monotonic() - t0 < 2
 
 
-def test_close_wakes_a_blocked_receive(broker):
-    import threading
-    broker.create_topic("t")
-    c = broker.subscribe("t", "s")
-    box = []
-
-    def run():
-        try:
-            c.receive(timeout=30)
-        except errors.BrokerClosedError as e:
-            box.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    time.sleep(0.2)
-    c.close()
-    t.join(5)
-    assert not t.is_alive() and box
-
-
 def test_demo_command(tmp_path):
     r = subprocess.run([sys.executable, "-m", "txmq.cli", "demo", "--dir", str(tmp_path / "demo"),
                         "--messages", "5000"], capture_output=True, text=True, timeout=300,

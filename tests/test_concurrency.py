@@ -164,27 +164,8 @@ def test_one_send_wakes_exactly_one_of_two_shared_receivers(broker):
     assert sum(g is not None for g in got) == 1
 
 
-def test_blocked_receive_fails_when_its_consumer_closes(broker):
-    broker.create_topic("t", 1)
-    c = broker.subscribe("t", "s", "shared")
-    result = {}
-
-    def wait():
-        try:
-            result["msg"] = c.receive(timeout=None)
-        except BrokerClosedError as e:
-            result["err"] = e
-
-    th = threading.Thread(target=wait)
-    th.start()
-    time.sleep(0.2)
-    c.close()
-    th.join(3)
-    assert not th.is_alive(), "receive(timeout=None) hangs after close()"
-    assert isinstance(result.get("err"), BrokerClosedError)
-
-
-def test_blocked_receive_fails_when_the_broker_closes(tmp_path):
+@pytest.mark.parametrize("closing", ["consumer", "broker"])
+def test_blocked_receive_fails_when_closed(tmp_path, closing):
     b = txmq.Broker(tmp_path / "d", fsync="never")
     b.create_topic("t", 2)
     c = b.subscribe("t", "s", "exclusive")
@@ -199,9 +180,10 @@ def test_blocked_receive_fails_when_the_broker_closes(tmp_path):
     th = threading.Thread(target=wait)
     th.start()
     time.sleep(0.2)
-    b.close()
+    (c if closing == "consumer" else b).close()
     th.join(3)
-    assert not th.is_alive(), "receive(timeout=None) hangs after Broker.close()"
+    b.close()
+    assert not th.is_alive(), f"receive(timeout=None) hangs after closing the {closing}"
     assert isinstance(result.get("err"), BrokerClosedError)
 
 

@@ -293,28 +293,36 @@ class Subscription:
             self._deliver(lane, consumer, offsets, now)
             out += chunk
 
-    def _fill(self, lane: _Lane) -> bool:
-        """Decode the next batch below the limit into the lane's buffer."""
-        limit = self.limit(lane)
+    def _current_batch(self, lane: _Lane, limit: int):
+        """The header of the batch holding the lane's ``read_offset``, with
+        (seg, pos) pointing at it, past consumed and control batches; None
+        when nothing below ``limit`` is there yet."""
         while lane.read_offset < limit:
             try:
                 if lane.seg is None or lane.seg.closed:
                     if not lane.locate():
-                        return False
+                        return None
                 info = lane.seg.batch_at(lane.pos)
-                if info.next_offset <= lane.read_offset:
+                if info.next_offset <= lane.read_offset or info.is_control:
+                    lane.read_offset = max(lane.read_offset, info.next_offset)
                     lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
                     if lane.seg is None:
-                        return False
+                        return None
                     continue
-                if info.base_offset >= limit:
-                    return False
-                if info.is_control:
-                    lane.read_offset = info.next_offset
-                    continue
-                take = limit - lane.read_offset
-                msgs = lane.seg.read_messages(lane.pos, lane.read_offset, take, self.topic.name,
-                                              lane.partition.index, MessageId, info.txn_id)
+            except SegmentClosedError:   # retention deleted it: find the offset again
+                lane.seg = None
+                continue
+            return info if info.base_offset < limit else None
+        return None
+
+    def _fill(self, lane: _Lane) -> bool:
+        """Decode the next batch below the limit into the lane's buffer."""
+        limit = self.limit(lane)
+        while (info := self._current_batch(lane, limit)) is not None:
+            try:
+                msgs = lane.seg.read_messages(lane.pos, lane.read_offset, limit - lane.read_offset,
+                                              self.topic.name, lane.partition.index, MessageId,
+                                              info.txn_id)
             except SegmentClosedError:
                 lane.seg = None
                 continue
@@ -376,28 +384,19 @@ class Subscription:
             lane.buf_i = 0
             lane.seg = None
         limit = self.limit(lane)
-        while lane.read_offset < limit:
+        while (info := self._current_batch(lane, limit)) is not None:
+            start = max(lane.read_offset, info.base_offset)
+            if start < lane.cursor.mark_delete:     # acknowledged ahead of delivery
+                lane.read_offset = lane.cursor.mark_delete
+                continue
+            acked = lane.cursor.acked.next_acked(start)
+            if acked is not None and acked[0] <= start:
+                lane.read_offset = acked[1]
+                continue
+            end = min(info.next_offset, limit, start + max_messages)
+            if acked is not None:
+                end = min(end, acked[0])
             try:
-                if lane.seg is None or lane.seg.closed:
-                    if not lane.locate():
-                        return None
-                info = lane.seg.batch_at(lane.pos)
-                if info.next_offset <= lane.read_offset or info.is_control:
-                    lane.read_offset = max(lane.read_offset, info.next_offset)
-                    lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
-                    if lane.seg is None:
-                        return None
-                    continue
-                if info.base_offset >= limit:
-                    return None
-                start = max(lane.read_offset, info.base_offset)
-                acked = lane.cursor.acked.next_acked(start)
-                if acked is not None and acked[0] <= start:
-                    lane.read_offset = acked[1]
-                    continue
-                end = min(info.next_offset, limit, start + max_messages)
-                if acked is not None:
-                    end = min(end, acked[0])
                 bufs = lane.seg.arrow_buffers(lane.pos)
             except SegmentClosedError:
                 lane.seg = None
