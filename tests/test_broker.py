@@ -464,3 +464,18 @@ def test_receive_batch_serves_redeliveries_too(broker):
     c.ack(again)                                   # scattered offsets, acked one by one
     assert broker.stats()["topics"]["t"]["subscriptions"]["s"]["backlog"] == 0
     assert c.receive_batch(timeout=0.2) is None
+
+
+def test_append_and_sync_after_close_are_typed_errors(tmp_path):
+    """The window a send can race with close(), made deterministic: the
+    partition itself refuses with BrokerClosedError."""
+    from txmq._log import BatchSpec
+    b = txmq.Broker(tmp_path / "d", fsync="always")
+    b.create_topic("t")
+    part = b._topics["t"].partitions[0]
+    b.producer("t").send(b"x")
+    b.close()
+    with pytest.raises(errors.BrokerClosedError):
+        part.append(BatchSpec([b"late"]))
+    with pytest.raises(errors.BrokerClosedError):
+        part.sync_to(10)

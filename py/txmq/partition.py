@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from txmq._log import BatchSpec, Segment, crc32c_of
+from txmq._log import BatchSpec, Segment, SegmentClosedError, crc32c_of
 from txmq._redolog import sync_dir
-from txmq.errors import CorruptLogError, MessageTooLargeError
+from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
 
 log = logging.getLogger("txmq.partition")
 
@@ -320,6 +320,8 @@ class Partition:
         if spec.max_message_bytes > self.max_message_bytes or spec.encoded_size() > self.segment_bytes_max:
             self._too_large(spec)
         with self.lock:
+            if not self._segments:
+                raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
             now = self.clock()
             if now < self.last_publish_time:
                 now = self.last_publish_time
@@ -382,14 +384,19 @@ class Partition:
             if self._synced_offset >= offset:
                 return
             segs = self._segments
+            if not segs:
+                raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
             active = segs[-1]
             end_offset, end_pos = active.next_offset, active.size
-            for seg in reversed(segs[:-1]):
-                if seg.next_offset <= self._synced_offset:
-                    break
-                seg.sync()
-            start = self._synced_pos if self._synced_base == active.base_offset else 0
-            active.sync(start, end_pos)
+            try:
+                for seg in reversed(segs[:-1]):
+                    if seg.next_offset <= self._synced_offset:
+                        break
+                    seg.sync()
+                start = self._synced_pos if self._synced_base == active.base_offset else 0
+                active.sync(start, end_pos)
+            except SegmentClosedError:
+                raise BrokerClosedError(f"partition {self.topic}/{self.index} closed during a sync") from None
             self._synced_offset = end_offset
             self._synced_base, self._synced_pos = active.base_offset, end_pos
 
