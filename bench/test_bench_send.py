@@ -48,6 +48,14 @@ def broker_always(tmp_path):
 BATCHES_PER_ROUND = 10   # 10,000 messages, ~1 MB per round
 
 
+def looped(n: int, fn, *args):
+    """One benchmark round: ``fn(*args)`` n times."""
+    def run():
+        for _ in range(n):
+            fn(*args)
+    return run
+
+
 def plain_log(tmp_path, request) -> int:
     """The baseline's file: appended with write(2), closed after the test."""
     fd = os.open(tmp_path / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -62,25 +70,19 @@ def test_send_batch_100B_never(side, measure, tmp_path, request):
         producer = request.getfixturevalue("broker_never").producer("t")
         batch = values if side == "txmq list" else pa.array(values, pa.binary())
 
-        def run():
-            for _ in range(BATCHES_PER_ROUND):
-                producer.send_batch(batch)
+        run = looped(BATCHES_PER_ROUND, producer.send_batch, batch)
     elif side == "sqlite":
         q = SqliteQueue(str(tmp_path / "q.db"), synchronous="OFF")
         request.addfinalizer(q.close)
 
-        def run():
-            for _ in range(BATCHES_PER_ROUND):
-                q.insert_batch(values)
+        run = looped(BATCHES_PER_ROUND, q.insert_batch, values)
     else:
         # The strongest plain-file writer: the batch already joined, one
         # write(2) per batch of 1,000 messages.
         blob = b"".join(values)
         fd = plain_log(tmp_path, request)
 
-        def run():
-            for _ in range(BATCHES_PER_ROUND):
-                os.write(fd, blob)
+        run = looped(BATCHES_PER_ROUND, os.write, fd, blob)
 
     measure("send_batch_100B_never", side, run, ops_per_round=BATCHES_PER_ROUND * BATCH,
             unit="msg", rounds=80, warmup=5)
@@ -133,16 +135,12 @@ def test_send_batch_sustained(side, measure, tmp_path, request):
         producer = broker.producer("t")
         batch = pa.array(values, pa.binary())
 
-        def run():
-            for _ in range(SUSTAINED_BATCHES):
-                producer.send_batch(batch)
+        run = looped(SUSTAINED_BATCHES, producer.send_batch, batch)
     else:
         blob = b"".join(values)
         fd = plain_log(tmp_path, request)
 
-        def run():
-            for _ in range(SUSTAINED_BATCHES):
-                os.write(fd, blob)
+        run = looped(SUSTAINED_BATCHES, os.write, fd, blob)
 
     measure("send_batch_sustained", side, run, ops_per_round=SUSTAINED_BATCHES * BATCH,
             unit="msg", rounds=5, warmup=1)
@@ -170,9 +168,7 @@ def test_send_one_100B(side, measure, request):
         producer = request.getfixturevalue("broker_never").producer("t")
         send = producer.send
 
-        def run():
-            for _ in range(SENDS_PER_ROUND):
-                send(value)
+        run = looped(SENDS_PER_ROUND, send, value)
     else:
         producer = kafka_producer()
 
