@@ -69,19 +69,16 @@ def test_send_batch_100B_never(side, measure, tmp_path, request):
     if side.startswith("txmq"):
         producer = request.getfixturevalue("broker_never").producer("t")
         batch = values if side == "txmq list" else pa.array(values, pa.binary())
-
         run = looped(BATCHES_PER_ROUND, producer.send_batch, batch)
     elif side == "sqlite":
         q = SqliteQueue(str(tmp_path / "q.db"), synchronous="OFF")
         request.addfinalizer(q.close)
-
         run = looped(BATCHES_PER_ROUND, q.insert_batch, values)
     else:
         # The strongest plain-file writer: the batch already joined, one
         # write(2) per batch of 1,000 messages.
         blob = b"".join(values)
         fd = plain_log(tmp_path, request)
-
         run = looped(BATCHES_PER_ROUND, os.write, fd, blob)
 
     measure("send_batch_100B_never", side, run, ops_per_round=BATCHES_PER_ROUND * BATCH,
@@ -134,12 +131,10 @@ def test_send_batch_sustained(side, measure, tmp_path, request):
         broker.create_topic("t", 1)
         producer = broker.producer("t")
         batch = pa.array(values, pa.binary())
-
         run = looped(SUSTAINED_BATCHES, producer.send_batch, batch)
     else:
         blob = b"".join(values)
         fd = plain_log(tmp_path, request)
-
         run = looped(SUSTAINED_BATCHES, os.write, fd, blob)
 
     measure("send_batch_sustained", side, run, ops_per_round=SUSTAINED_BATCHES * BATCH,
@@ -167,7 +162,6 @@ def test_send_one_100B(side, measure, request):
     if side == "txmq send":
         producer = request.getfixturevalue("broker_never").producer("t")
         send = producer.send
-
         run = looped(SENDS_PER_ROUND, send, value)
     else:
         producer = kafka_producer()
