@@ -14,6 +14,7 @@ from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memmove
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.long cimport PyLong_CheckExact
 
 import numpy as np
 
@@ -253,6 +254,8 @@ def group_offsets(list message_ids):
             offset = <object>PyTuple_GET_ITEM(mid, 2)
         else:
             topic, partition, offset = mid[0], mid[1], mid[2]
+        if not PyLong_CheckExact(offset):
+            raise TypeError(f"offset {offset!r} is not an int")
         if g is None or topic is not last_topic or (partition is not last_partition
                                                       and partition != last_partition):
             key = (topic, partition)

@@ -239,6 +239,9 @@ cdef class BatchSpec:
             vl = <list>values
             n = len(vl)
             self._check_count(n)
+            # A private copy: sizes are measured now and the bytes written
+            # later; a caller changing its list in between must not matter.
+            vl = list(vl)
             self.value_list = vl
             for i in range(n):
                 v = <object>PyList_GET_ITEM(vl, i)
@@ -268,6 +271,8 @@ cdef class BatchSpec:
         self.count = <int32_t>n
         if keys is not None:
             self._set_keys(keys)
+            # The size limit is on key + value, as Kafka's is on the record.
+            self.max_message_bytes = self._largest_message()
         else:
             self.content_flags |= FLAG_NULL_KEYS
         if headers is not None:
@@ -356,6 +361,7 @@ cdef class BatchSpec:
         cdef list kl = <list>keys
         if len(kl) != self.count:
             raise InvalidMessageError(f"keys (expected {self.count} entries)", len(keys))
+        kl = list(kl)   # private copy, as for values
         self.key_list = kl
         for i in range(self.count):
             k = <object>PyList_GET_ITEM(kl, i)
@@ -416,6 +422,37 @@ cdef class BatchSpec:
         self.first_event_time = first
         self.max_event_time = int(ts.max())
         self.event_deltas = np.ascontiguousarray(deltas, dtype=np.int32)
+
+    cdef Py_ssize_t _largest_message(self) except -1:
+        """The largest key + value of the batch, in bytes."""
+        cdef Py_ssize_t i, best = 0, k
+        if self.key_arrow is not None or self.value_list is None:
+            keys = self._lengths(True)
+            values = self._lengths(False)
+            return int((keys + values).max())
+        for i in range(self.count):
+            k = self.key_list[i] and PyBytes_GET_SIZE(self.key_list[i]) or 0
+            k += PyBytes_GET_SIZE(self.value_list[i])
+            if k > best:
+                best = k
+        return best
+
+    cdef object _lengths(self, bint keys):
+        cdef Py_ssize_t i
+        out = np.zeros(self.count, np.int64)
+        if keys and self.key_list is not None:
+            for i in range(self.count):
+                out[i] = PyBytes_GET_SIZE(self.key_list[i]) if self.key_list[i] is not None else 0
+        elif keys:
+            for i in range(self.count):
+                out[i] = self._arrow_offset(self.k_offsets, self.k_large, i + 1) - self._arrow_offset(self.k_offsets, self.k_large, i)
+        elif self.value_list is not None:
+            for i in range(self.count):
+                out[i] = PyBytes_GET_SIZE(self.value_list[i])
+        else:
+            for i in range(self.count):
+                out[i] = self._arrow_offset(self.v_offsets, self.v_large, i + 1) - self._arrow_offset(self.v_offsets, self.v_large, i)
+        return out
 
     def encoded_size(self):
         """Bytes this batch takes in a segment."""
@@ -885,6 +922,19 @@ cdef str _check_batch(const char *p, Py_ssize_t avail, int64_t expected_offset, 
     return None
 
 
+cdef bint _offsets_sound(const char *offsets, int32_t count, Py_ssize_t total) noexcept nogil:
+    """An offsets array runs from 0 to ``total`` without decreasing."""
+    cdef int32_t i, prev = load_i32(offsets), cur
+    if prev != 0 or load_i32(offsets + 4 * count) != total:
+        return False
+    for i in range(1, count + 1):
+        cur = load_i32(offsets + 4 * i)
+        if cur < prev:
+            return False
+        prev = cur
+    return True
+
+
 cdef class Segment:
     """One segment file of a partition log, mapped, with its sparse indexes."""
     cdef readonly object path
@@ -897,6 +947,7 @@ cdef class Segment:
     cdef readonly Mapping mapping
     cdef int fd
     cdef Py_ssize_t allocated
+    cdef bint unreserved                 # the file system refused posix_fallocate
     # CRC is checked once per batch per process. Verified: the prefix
     # [0, verified_end) read in order, and the tail [verified_from, size)
     # that recovery scanned or this process appended.
@@ -906,6 +957,7 @@ cdef class Segment:
     cdef Py_ssize_t last_indexed_pos
     cdef object idx_off, idx_pos, tix_ts, tix_off   # np.int64 arrays, grown by doubling
     cdef public Py_ssize_t index_faults             # index entries found wrong and bypassed
+    cdef set entries_checked                        # positions of index entries found whole
     cdef Py_ssize_t idx_n, tix_n
 
     def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
@@ -962,7 +1014,10 @@ cdef class Segment:
         # Small batches are stored through the mapping (a page's zero-fill
         # fault is shared by many of them); large ones skip the faults with
         # pwritev (one syscall per batch). Either way, one copy.
-        spec.write_to(self.mapping.base + start if need <= SMALL_BATCH_BYTES else NULL, self.fd,
+        # A store into an unreserved page of a full disk is a SIGBUS, so
+        # without a reservation every batch goes through pwritev.
+        spec.write_to(self.mapping.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
+                      else NULL, self.fd,
                       start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                       base_sequence, publish_time)
         self._indexed(start, base, publish_time)
@@ -981,7 +1036,9 @@ cdef class Segment:
         want = min(self.capacity, max(end, self.allocated + FALLOCATE_CHUNK_C))
         with nogil:
             rc = posix_fallocate(self.fd, self.allocated, want - self.allocated)
-        if rc != 0 and rc != 95:  # 95 = EOPNOTSUPP: the file system cannot reserve; write anyway
+        if rc == 95:  # EOPNOTSUPP: no reservation, so never store through the mapping
+            self.unreserved = True
+        elif rc != 0:
             raise OSError(rc, f"cannot reserve {want - self.allocated} bytes in {self.path}: {os.strerror(rc)}")
         self.allocated = want
 
@@ -1049,7 +1106,9 @@ cdef class Segment:
         self.verified_from = start_pos      # [0, start_pos) was trusted, not checked
         self.verified_end = 0
         self.next_offset = expected
-        self.allocated = max(self.allocated, pos)
+        # Whatever lies past the log end may be an unreserved hole (a sparse
+        # file left at full capacity by a crash): reserve again from here.
+        self.allocated = pos
         if reason is not None:
             if self.writable:
                 self.truncate_at(pos, expected)
@@ -1149,8 +1208,26 @@ cdef class Segment:
         self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
         self.size = size
         self.next_offset = next_offset
-        if self.idx_n:
-            self.last_publish_time = self.tix_ts[self.tix_n - 1] if self.tix_n else 0
+        self._walk_tail()
+
+    cdef _walk_tail(self):
+        """From the last index entry to ``size``: the true last publish time
+        (the time index is sparse) and the true end, should the file hold
+        zeros past its last batch (a trim that a power loss undid)."""
+        cdef Py_ssize_t pos = self.idx_pos[self.idx_n - 1] if self.idx_n else 0
+        cdef Py_ssize_t length
+        cdef const char *p
+        if self.mapping is None or self.size == 0:
+            return
+        p = self.mapping.base
+        while pos + HEADER_SIZE <= self.size and load_u32(p + pos + MAGIC_OFFSET) == BATCH_MAGIC:
+            length = load_u32(p + pos + LENGTH_OFFSET)
+            if length < HEADER_SIZE or pos + length > self.size:
+                break
+            self.last_publish_time = load_i64(p + pos + PUBLISH_TIME_OFFSET)
+            pos += length
+        if pos < self.size and load_u64(p + pos) == 0:
+            self.size = pos        # zeros past the last batch: the end is here
 
     # -- reading -----------------------------------------------------------
 
@@ -1175,7 +1252,7 @@ cdef class Segment:
             if i >= 0:
                 pos = self.idx_pos[i]
                 # An index is derived data: trust an entry only when the
-                # batch it points at starts where the entry says.
+                # batch it points at is whole and starts where it says.
                 if not self._entry_holds(pos, self.idx_off[i]):
                     self.index_faults += 1
                     pos = 0
@@ -1217,10 +1294,19 @@ cdef class Segment:
         return -1
 
     cdef bint _entry_holds(self, Py_ssize_t pos, int64_t offset):
+        """Whether an index entry names a real batch: a full check (CRC and
+        offsets) of the batch there, since bytes inside a message may look
+        like a header. Each entry is checked once per process."""
         if pos < 0 or pos + HEADER_SIZE > self.size or pos % 8:
             return False
-        return (load_u32(self.mapping.base + pos + MAGIC_OFFSET) == BATCH_MAGIC
-                and load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET) == offset)
+        if self.entries_checked is not None and pos in self.entries_checked:
+            return True
+        if _check_batch(self.mapping.base + pos, self.size - pos, offset, True, NULL) is not None:
+            return False
+        if self.entries_checked is None:
+            self.entries_checked = set()
+        self.entries_checked.add(pos)
+        return True
 
     cdef int _pin(self) except -1:
         if self.mapping is None:
@@ -1299,6 +1385,12 @@ cdef class Segment:
         cdef int64_t publish_time = load_i64(p + PUBLISH_TIME_OFFSET)
         cdef Py_ssize_t i = max(0, from_offset - base), end = min(<Py_ssize_t>count, i + limit)
         cdef int32_t ks, ke, vs, ve, hs, he
+        # Every slice is bounds-checked against its section, so no byte
+        # pattern in a file (and no index entry) can make a read leave the
+        # batch; the CRC check guards the content, this guards memory.
+        cdef int32_t key_bytes = load_i32(p + s.key_offsets + 4 * count)
+        cdef int32_t value_bytes = load_i32(p + s.value_offsets + 4 * count)
+        cdef int32_t header_bytes = <int32_t>load_u32(p + HEADER_BYTES_OFFSET)
         cdef Message m
         cdef list out = []
         for i in range(i, end):
@@ -1307,14 +1399,20 @@ cdef class Segment:
             else:
                 ks = load_i32(p + s.key_offsets + 4 * i)
                 ke = load_i32(p + s.key_offsets + 4 * i + 4)
+                if not 0 <= ks <= ke <= key_bytes:
+                    raise CorruptLogError(self.path, pos, f"key {i} spans [{ks}, {ke}) of {key_bytes} bytes")
                 key = PyBytes_FromStringAndSize(p + s.keys + ks, ke - ks)
             vs = load_i32(p + s.value_offsets + 4 * i)
             ve = load_i32(p + s.value_offsets + 4 * i + 4)
+            if not 0 <= vs <= ve <= value_bytes:
+                raise CorruptLogError(self.path, pos, f"value {i} spans [{vs}, {ve}) of {value_bytes} bytes")
             value = PyBytes_FromStringAndSize(p + s.values + vs, ve - vs)
             headers = None
             if flags & FLAG_HEADERS:
                 hs = load_i32(p + s.header_offsets + 4 * i)
                 he = load_i32(p + s.header_offsets + 4 * i + 4)
+                if hs < 0 or he > header_bytes or he < hs:
+                    raise CorruptLogError(self.path, pos, f"headers {i} span [{hs}, {he}) of {header_bytes} bytes")
                 if he > hs:
                     try:
                         headers = decode_headers(p + s.headers + hs, he - hs)
@@ -1353,6 +1451,10 @@ cdef class Segment:
         cdef uint16_t flags = load_u16(p + FLAGS_OFFSET)
         cdef Py_ssize_t kb = load_i32(p + s.key_offsets + 4 * count)
         cdef Py_ssize_t vb = load_i32(p + s.value_offsets + 4 * count)
+        # Arrow trusts offsets without checking them: check them here.
+        if not (_offsets_sound(p + s.key_offsets, count, kb)
+                and _offsets_sound(p + s.value_offsets, count, vb)):
+            raise CorruptLogError(self.path, pos, "offsets out of order")
         view = memoryview(self.mapping)
         return {
             "count": count,
@@ -1376,6 +1478,11 @@ cdef class Segment:
                 os.ftruncate(self.fd, self.size)
             os.close(self.fd)
             self.fd = -1
+
+    def sync_file(self):
+        """fsync the file: its data and its size (after a trim)."""
+        if self.fd >= 0:
+            os.fsync(self.fd)
 
     def seal(self):
         """Trim the file to its batches (it stays mapped for readers)."""

@@ -49,6 +49,8 @@ cpdef bytes frame(int frame_type, payload):
     cdef Py_ssize_t n = len(payload)
     if not 1 <= frame_type <= 255:
         raise ValueError(f"frame type must be 1..255, not {frame_type}")
+    if n >= MAX_FRAME_BYTES:   # replay would reject it and cut everything after
+        raise ValueError(f"a frame holds less than {MAX_FRAME_BYTES} bytes, not {n}")
     out = PyBytes_FromStringAndSize(NULL, FRAME_HEADER_SIZE + n)
     cdef char *p = PyBytes_AS_STRING(out)
     store_u32(p + FRAME_LENGTH_OFFSET, <uint32_t>(1 + n))

@@ -57,8 +57,9 @@ class Broker:
         self._closed = True
         if fsync not in FSYNC_MODES:
             raise InvalidArgumentError("fsync", fsync, " | ".join(FSYNC_MODES))
-        if not isinstance(segment_bytes_max, int) or segment_bytes_max < 4096:
-            raise InvalidArgumentError("segment_bytes_max", segment_bytes_max, "an int >= 4096")
+        if not isinstance(segment_bytes_max, int) or not 4096 <= segment_bytes_max < 2**31:
+            # Batch offsets are int32: no batch, so no segment, reaches 2 GiB.
+            raise InvalidArgumentError("segment_bytes_max", segment_bytes_max, "an int from 4096 to 2 GiB - 1")
         if max_message_bytes is None:
             max_message_bytes = min(5 * MiB, segment_bytes_max // 2)
         if not isinstance(max_message_bytes, int) or not 0 < max_message_bytes <= segment_bytes_max // 2:

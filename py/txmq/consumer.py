@@ -76,6 +76,8 @@ class Consumer:
         of the log with no copy. Acknowledge it with :meth:`ack` (the whole
         batch) or per offset. None on timeout."""
         self._check_open()
+        if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
+            raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
         return self._sub.receive_batch(self, max_messages, timeout)
 
     def ack(self, messages) -> None:

@@ -138,9 +138,9 @@ class Cursor:
             return new
         arr = np.asarray(new, "<i8")
         self.log.append(ACK, struct.pack("<I", len(arr)) + arr.tobytes())
-        self._persisted()
         add_many(self.acked, arr)
         self._advance()
+        self._persisted()
         return new
 
     def ack_range(self, start: int, end: int) -> int:
@@ -151,12 +151,11 @@ class Cursor:
         before = self.acked.count_in(start, end)
         if start == self.mark_delete:
             self.log.append(MARK_DELETE, _I64.pack(end))
-            self._persisted()
             self._set_mark_delete(end)
         else:
             self.log.append(ACK_RANGE, struct.pack("<qq", start, end))
-            self._persisted()
             self.acked.add_range(start, end)
+        self._persisted()
         return (end - start) - before
 
     def ack_cumulative(self, offset: int) -> bool:
@@ -164,18 +163,20 @@ class Cursor:
         if offset + 1 <= self.mark_delete:
             return False
         self.log.append(MARK_DELETE, _I64.pack(offset + 1))
-        self._persisted()
         self._set_mark_delete(offset + 1)
+        self._persisted()
         return True
 
     def reset(self, offset: int) -> None:
         """Move the cursor to ``offset`` (seek) and forget individual acks."""
         self.log.append(RESET, _I64.pack(offset))
-        self._persisted()
         self.mark_delete = offset
         self.acked.clear()
+        self._persisted()
 
     def _persisted(self) -> None:
+        """Sync the frame just appended; compact from the in-memory state,
+        which the caller has already brought up to date with that frame."""
         self.log.sync()
         if self.log.frames_since_snapshot >= COMPACT_FRAMES:
             self.log.compact(_I64.pack(self.mark_delete) + self.acked.to_bytes())

@@ -180,6 +180,10 @@ class Partition:
                 seg.seal()
         self._segments = tuple(segments)
         self.last_publish_time = max((s.last_publish_time for s in segments), default=0)
+        if self.fsync != "never":
+            # What recovery kept may have lived only in the page cache of
+            # the process that died: durable first, then claimed.
+            self.active.sync()
         self._synced_offset = self.end_offset
         self._write_recovery_point()
         if os.environ.get("TXMQ_DEBUG") == "1":
@@ -353,9 +357,9 @@ class Partition:
     def _roll(self) -> None:
         """Seal the active segment and start the next (partition lock held)."""
         old = self.active
-        if self.fsync != "never":
-            old.sync()
         old.seal()
+        if self.fsync != "never":
+            old.sync_file()      # data and the trimmed size, before the roll is recorded
         self._rewrite_index(old)
         seg = Segment(self._file(old.next_offset, SEGMENT_SUFFIX), old.next_offset,
                       self.segment_bytes_max, True, self.index_interval_bytes)
@@ -392,7 +396,8 @@ class Partition:
                 for seg in reversed(segs[:-1]):
                     if seg.next_offset <= self._synced_offset:
                         break
-                    seg.sync()
+                    if not seg.closed:        # deleted by retention: nothing to sync
+                        seg.sync()
                 start = self._synced_pos if self._synced_base == active.base_offset else 0
                 active.sync(start, end_pos)
             except SegmentClosedError:
@@ -405,6 +410,9 @@ class Partition:
     def segment_for(self, offset: int):
         """(segment, position) of the batch holding ``offset`` or the first
         batch after it; (None, -1) when ``offset`` is at or past the end."""
+        return _retrying(self._segment_for, offset)
+
+    def _segment_for(self, offset: int):
         segs = self._segments
         lo, hi = 0, len(segs)
         while lo < hi:
@@ -451,6 +459,9 @@ class Partition:
 
     def find_time(self, timestamp_ms: int) -> int:
         """First offset published at or after ``timestamp_ms`` (end if none)."""
+        return _retrying(self._find_time, timestamp_ms)
+
+    def _find_time(self, timestamp_ms: int) -> int:
         for seg in self._segments:
             if seg.size and seg.last_publish_time >= timestamp_ms:
                 off = seg.find_time(timestamp_ms)
@@ -517,6 +528,17 @@ class Partition:
             "segments": len(segs),
             "truncated_on_open": [str(d) for d in self.dropped],
         }
+
+
+def _retrying(fn, arg):
+    """Run a lock-free read again when retention closed a segment under it
+    (the next attempt sees the new segment list)."""
+    for _ in range(100):
+        try:
+            return fn(arg)
+        except SegmentClosedError:
+            continue
+    return fn(arg)
 
 
 def _unlink(path: str) -> None:

@@ -23,7 +23,8 @@ from txmq._ackset import group_offsets
 from txmq._log import SegmentClosedError
 from txmq.cursor import Cursor
 from txmq.files import sync_dir, write_json
-from txmq.errors import (NotAcknowledgeableError, SubscriptionBusyError, SubscriptionTypeError)
+from txmq.errors import (BrokerClosedError, NotAcknowledgeableError, SubscriptionBusyError,
+                         SubscriptionTypeError)
 from txmq.message import MessageId
 
 TYPES = ("exclusive", "shared", "failover")
@@ -63,8 +64,11 @@ class _Lane:
 
     def outstanding_count(self) -> int:
         n = len(self.outstanding)
+        md = self.cursor.mark_delete
         for start, end, _ in self.ranges:
-            n += end - start - self.cursor.acked.count_in(start, end) if end > self.cursor.mark_delete else 0
+            if end > md:
+                start = max(start, md)
+                n += end - start - self.cursor.acked.count_in(start, end)
         return n
 
 
@@ -191,9 +195,7 @@ class Subscription:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
             while True:
-                if consumer.closed or self.closed:
-                    from txmq.errors import BrokerClosedError
-                    raise BrokerClosedError(f"consumer of {self.name!r} is closed")
+                self._check_receiving(consumer)
                 now = time.monotonic()
                 out = self._take(consumer, n, now)
                 if out:
@@ -205,6 +207,10 @@ class Subscription:
                         return []
                     wait = left if wait is None else min(wait, left)
                 self.cond.wait(wait)
+
+    def _check_receiving(self, consumer) -> None:
+        if consumer.closed or self.closed:
+            raise BrokerClosedError(f"consumer of {self.name!r} is closed")
 
     def _next_due(self, consumer, now: float):
         due = None
@@ -342,6 +348,7 @@ class Subscription:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
             while True:
+                self._check_receiving(consumer)
                 now = time.monotonic()
                 lanes = self._lanes_for(consumer)
                 for i in range(len(lanes)):
@@ -425,7 +432,10 @@ class Subscription:
 
     def ack(self, message_ids) -> int:
         """Acknowledge individually; return how many were newly acknowledged."""
-        groups = group_offsets(message_ids if type(message_ids) is list else list(message_ids))
+        try:
+            groups = group_offsets(message_ids if type(message_ids) is list else list(message_ids))
+        except TypeError as e:
+            raise NotAcknowledgeableError(message_ids[0] if message_ids else None, str(e)) from None
         checked = []
         for (topic, partition), offsets in groups.items():
             # Every offset lies in [min, max]: checking both ends checks all.
@@ -451,8 +461,10 @@ class Subscription:
         with self.cond:
             n = lane.cursor.ack_range(start, end)
             self._trim_ranges(lane)
-            for off in [o for o in lane.outstanding if start <= o < end]:
-                del lane.outstanding[off]
+            for table in (lane.outstanding, lane.redelivery_count):
+                if table:
+                    for off in [o for o in table if start <= o < end]:
+                        del table[off]
         return n
 
     def ack_cumulative(self, message_id) -> None:
@@ -481,7 +493,7 @@ class Subscription:
                 lane = self._lane_of(mid)
                 if lane.cursor.is_acked(mid.offset):
                     continue
-                if lane.outstanding.pop(mid.offset, None) is None and not _in_ranges(lane, mid.offset):
+                if lane.outstanding.pop(mid.offset, None) is None and not _cut_from_ranges(lane, mid.offset):
                     continue
                 self._queue_redelivery(lane, mid.offset, now + self.nack_delay)
             self.cond.notify_all()
@@ -551,8 +563,14 @@ def _min(a, b):
     return b if a is None else min(a, b)
 
 
-def _in_ranges(lane: _Lane, off: int) -> bool:
-    return any(s <= off < e for s, e, _ in lane.ranges)
+def _cut_from_ranges(lane: _Lane, off: int) -> bool:
+    """Take ``off`` out of the batch delivery holding it, so it is in one
+    dispatch state only; False when no delivery holds it."""
+    for i, (s, e, cid) in enumerate(lane.ranges):
+        if s <= off < e:
+            lane.ranges[i:i + 1] = [r for r in ([s, off, cid], [off + 1, e, cid]) if r[0] < r[1]]
+            return True
+    return False
 
 
 def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int):

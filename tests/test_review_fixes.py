@@ -1,0 +1,185 @@
+"""Regression tests for faults found in review: each failed before its fix."""
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pytest
+
+import txmq
+from txmq import errors
+from txmq._log import BatchSpec, Segment
+from txmq.cursor import COMPACT_FRAMES, Cursor
+from txmq.partition import Partition, _write_entries
+
+
+def test_index_entry_into_message_bytes_cannot_read_outside_the_batch(tmp_path):
+    """A damaged index entry pointing at a fake header inside a message value
+    (already CRC-checked as part of its real batch) must not steer a read
+    outside the mapping. Runs in a subprocess: the fault was a wild read."""
+    code = textwrap.dedent(f"""
+        import os, struct
+        from txmq.partition import Partition, _write_entries
+        from txmq._log import BatchSpec
+        d = {str(tmp_path / "p")!r}
+        fake = bytearray(112)
+        struct.pack_into("<IBBH", fake, 0, 0x424D5854, 1, 0, 0)
+        struct.pack_into("<I", fake, 12, 112)
+        struct.pack_into("<qi", fake, 16, 1, 1)
+        struct.pack_into("<ii", fake, 88, -100_000_000, 0)
+        p = Partition(d, "t", 0, fsync="never")
+        p.append(BatchSpec([bytes(fake)]))
+        p.append(BatchSpec([b"real"]))
+        p.close()
+        _write_entries(os.path.join(d, "00000000000000000000.index"), [0, 1], [0, 120], truncate=True)
+        p = Partition(d, "t", 0, fsync="never")
+        assert [m[0] for m in p.read(0)] == [0, 1]
+        got = p.read(1)
+        assert [(m[0], m[2]) for m in got] == [(1, b"real")], got
+        print("ok")
+    """)
+    env = {**os.environ, "TXMQ_DEBUG": "0"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+def test_batchspec_is_not_changed_by_its_callers_list(tmp_path):
+    part = Partition(tmp_path / "p", "t", 0, fsync="never", segment_bytes_max=1 << 16)
+    values, keys = [b"a", b"b"], [b"k", None]
+    spec = BatchSpec(values, keys)
+    values[0] = b"x" * (1 << 20)      # a caller reusing its lists before the append
+    keys[1] = 12
+    part.append(spec)
+    assert [(m[1], m[2]) for m in part.read(0)] == [(b"k", b"a"), (None, b"b")]
+    part.close()
+
+
+def test_a_crashed_segment_is_reserved_again_before_appends(tmp_path):
+    """After a crash the active segment is a full-capacity sparse file; the
+    appends that follow must reserve blocks (posix_fallocate) again, or a
+    full disk turns a store into the mapping into SIGBUS."""
+    path = str(tmp_path / "00000000000000000000.log")
+    seg = Segment(path, 0, 64 << 20, True)
+    seg.recover(0, 0)
+    seg.append(BatchSpec([b"x" * 100]), publish_time=1)
+    end = seg.size
+    seg.close(trim=False)
+    os.truncate(path, end)             # what a crash can leave: no blocks past the data ...
+    os.truncate(path, 64 << 20)        # ... in a file at full capacity
+    seg = Segment(path, 0, 64 << 20, True)
+    assert seg.recover(0, 0) is None
+    seg.append(BatchSpec([b"y" * 100]), publish_time=2)
+    assert os.stat(path).st_blocks * 512 >= 8 << 20, "no blocks reserved past the log end"
+    seg.close()
+
+
+def test_last_publish_time_survives_reopen(tmp_path):
+    part = Partition(tmp_path / "p", "t", 0, fsync="never", clock=iter([1000, 5000]).__next__)
+    part.append(BatchSpec([b"a"]))
+    part.append(BatchSpec([b"b"]))
+    assert part.find_time(5000) == 1
+    part.close()
+    part = Partition(tmp_path / "p", "t", 0, fsync="never")
+    assert part.find_time(5000) == 1 and part.last_publish_time == 5000
+    part.close()
+
+
+def test_cursor_compaction_keeps_the_frame_that_triggered_it(tmp_path):
+    path = str(tmp_path / "cursor.log")
+    c = Cursor(path, "never", 0, 0)
+    for off in range(COMPACT_FRAMES + 5):
+        c.ack([off])
+    c.close()
+    c = Cursor(path, "never", 0, 0)
+    assert c.mark_delete == COMPACT_FRAMES + 5 and c.acked.count() == 0
+    for _ in range(COMPACT_FRAMES):
+        c.reset(5)
+    c.close()
+    assert Cursor(path, "never", 0, 0).mark_delete == 5
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = txmq.Broker(tmp_path / "d", fsync="never")
+    b.create_topic("t")
+    yield b
+    b.close()
+
+
+def test_receive_batch_refuses_closed_consumers(broker):
+    import threading
+    c1 = broker.subscribe("t", "s", "shared", initial_position="earliest")
+    c2 = broker.subscribe("t", "s", "shared")
+    box = []
+
+    def wait():
+        try:
+            box.append(c1.receive_batch(timeout=None))
+        except errors.BrokerClosedError as e:
+            box.append(e)
+
+    th = threading.Thread(target=wait)
+    th.start()
+    import time
+    time.sleep(0.2)
+    c1.close()
+    th.join(3)
+    assert not th.is_alive() and isinstance(box[0], errors.BrokerClosedError)
+    broker.producer("t").send_batch([b"a", b"b", b"c"])
+    assert [m.value for m in c2.receive_many(10, timeout=1)] == [b"a", b"b", b"c"]
+
+
+def test_receive_batch_needs_a_positive_count(broker):
+    broker.producer("t").send_batch([b"%d" % i for i in range(10)])
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    c.receive_many(5, timeout=1)
+    for bad in (0, -3, 1.5, True):
+        with pytest.raises(errors.InvalidArgumentError):
+            c.receive_batch(bad, timeout=0)
+    assert c.receive_batch(100, timeout=0).column("offset").to_pylist() == [5, 6, 7, 8, 9]
+
+
+def test_unacked_counts_a_batch_straddling_mark_delete_once(broker):
+    broker.producer("t").send_batch([b"%d" % i for i in range(10)])
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    rb = c.receive_batch(timeout=1)
+    c.ack([txmq.MessageId("t", 0, o) for o in range(5)])
+    st = broker.stats()["topics"]["t"]["subscriptions"]["s"]
+    assert st["unacked"] == 5 and st["backlog"] == 5
+    c.ack(rb)
+    assert broker.stats()["topics"]["t"]["subscriptions"]["s"]["unacked"] == 0
+
+
+def test_nack_inside_a_batch_redelivers_once(broker):
+    broker.producer("t").send_batch([b"%d" % i for i in range(4)])
+    c = broker.subscribe("t", "s", "shared", initial_position="earliest", nack_delay=0)
+    c.receive_batch(timeout=1)
+    c.nack(txmq.MessageId("t", 0, 2))
+    c.close()                                   # releases the rest of the batch
+    c = broker.subscribe("t", "s", "shared")
+    got = {m.offset: m.redelivery_count for m in c.receive_many(10, timeout=1)}
+    assert got == {0: 1, 1: 1, 2: 1, 3: 1}
+
+
+def test_acks_with_non_int_offsets_are_refused(broker):
+    broker.producer("t").send_batch([b"a", b"b", b"c"])
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    with pytest.raises(errors.NotAcknowledgeableError):
+        c.ack([txmq.MessageId("t", 0, 0), txmq.MessageId("t", 0, 1.5), txmq.MessageId("t", 0, 2)])
+    assert len(c.receive_many(10, timeout=1)) == 3
+
+
+def test_size_limit_counts_the_key(tmp_path):
+    with txmq.Broker(tmp_path / "d", fsync="never", max_message_bytes=1000) as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        p.send(b"v" * 900, key=b"k" * 100)
+        with pytest.raises(errors.MessageTooLargeError):
+            p.send(b"v" * 900, key=b"k" * 101)
+        with pytest.raises(errors.MessageTooLargeError):
+            p.send_batch(pa.array([b"v" * 900]), keys=pa.array([b"k" * 200]))
+    with pytest.raises(errors.InvalidArgumentError):
+        txmq.Broker(tmp_path / "e", segment_bytes_max=2**31)
