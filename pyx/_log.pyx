@@ -425,34 +425,27 @@ cdef class BatchSpec:
 
     cdef Py_ssize_t _largest_message(self) except -1:
         """The largest key + value of the batch, in bytes."""
-        cdef Py_ssize_t i, best = 0, k
-        if self.key_arrow is not None or self.value_list is None:
-            keys = self._lengths(True)
-            values = self._lengths(False)
-            return int((keys + values).max())
-        for i in range(self.count):
-            k = self.key_list[i] and PyBytes_GET_SIZE(self.key_list[i]) or 0
-            k += PyBytes_GET_SIZE(self.value_list[i])
-            if k > best:
-                best = k
-        return best
+        return int((self._lengths(True) + self._lengths(False)).max())
 
     cdef object _lengths(self, bint keys):
-        cdef Py_ssize_t i
-        out = np.zeros(self.count, np.int64)
-        if keys and self.key_list is not None:
-            for i in range(self.count):
-                out[i] = PyBytes_GET_SIZE(self.key_list[i]) if self.key_list[i] is not None else 0
-        elif keys:
-            for i in range(self.count):
-                out[i] = self._arrow_offset(self.k_offsets, self.k_large, i + 1) - self._arrow_offset(self.k_offsets, self.k_large, i)
-        elif self.value_list is not None:
-            for i in range(self.count):
-                out[i] = PyBytes_GET_SIZE(self.value_list[i])
-        else:
-            for i in range(self.count):
-                out[i] = self._arrow_offset(self.v_offsets, self.v_large, i + 1) - self._arrow_offset(self.v_offsets, self.v_large, i)
-        return out
+        """Per-message byte lengths of the keys or the values (int64)."""
+        cdef list items = self.key_list if keys else self.value_list
+        cdef Py_ssize_t i, n = self.count
+        cdef int64_t[::1] o
+        cdef object v
+        if items is not None:
+            out = np.empty(n, np.int64)
+            o = out
+            for i in range(n):
+                v = items[i]
+                o[i] = PyBytes_GET_SIZE(v) if v is not None else 0
+            return out
+        offsets = self.k_offsets if keys else self.v_offsets
+        large = self.k_large if keys else self.v_large
+        width = 8 if large else 4
+        raw = np.frombuffer(<bytes>PyBytes_FromStringAndSize(offsets, width * (n + 1)),
+                            np.int64 if large else np.int32)
+        return np.diff(raw).astype(np.int64)
 
     def encoded_size(self):
         """Bytes this batch takes in a segment."""
@@ -957,7 +950,7 @@ cdef class Segment:
     cdef Py_ssize_t last_indexed_pos
     cdef object idx_off, idx_pos, tix_ts, tix_off   # np.int64 arrays, grown by doubling
     cdef public Py_ssize_t index_faults             # index entries found wrong and bypassed
-    cdef set entries_checked                        # positions of index entries found whole
+    cdef object idx_ok                              # np.uint8 per offset-index entry: checked whole
     cdef Py_ssize_t idx_n, tix_n
 
     def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
@@ -971,6 +964,7 @@ cdef class Segment:
         self.last_indexed_pos = -index_interval
         self.idx_off = np.empty(64, np.int64)
         self.idx_pos = np.empty(64, np.int64)
+        self.idx_ok = np.zeros(64, np.uint8)
         self.tix_ts = np.empty(64, np.int64)
         self.tix_off = np.empty(64, np.int64)
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
@@ -1049,10 +1043,12 @@ cdef class Segment:
         if self.idx_n == len(self.idx_off):
             self.idx_off = np.resize(self.idx_off, 2 * self.idx_n)
             self.idx_pos = np.resize(self.idx_pos, 2 * self.idx_n)
+            self.idx_ok = np.resize(self.idx_ok, 2 * self.idx_n)
             self.tix_ts = np.resize(self.tix_ts, 2 * self.idx_n)
             self.tix_off = np.resize(self.tix_off, 2 * self.idx_n)
         self.idx_off[self.idx_n] = base
         self.idx_pos[self.idx_n] = pos
+        self.idx_ok[self.idx_n] = 1     # made here from a checked batch
         self.idx_n += 1
         if self.tix_n == 0 or publish_time > self.tix_ts[self.tix_n - 1]:
             self.tix_ts[self.tix_n] = publish_time
@@ -1203,6 +1199,7 @@ cdef class Segment:
         cap = max(64, self.idx_n, self.tix_n)
         self.idx_off = np.resize(self.idx_off, max(cap, len(self.idx_off)))
         self.idx_pos = np.resize(self.idx_pos, max(cap, len(self.idx_pos)))
+        self.idx_ok = np.zeros(len(self.idx_off), np.uint8)   # loaded: not checked yet
         self.tix_ts = np.resize(self.tix_ts, max(cap, len(self.tix_ts)))
         self.tix_off = np.resize(self.tix_off, max(cap, len(self.tix_off)))
         self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
@@ -1213,20 +1210,22 @@ cdef class Segment:
     cdef _walk_tail(self):
         """From the last index entry to ``size``: the true last publish time
         (the time index is sparse) and the true end, should the file hold
-        zeros past its last batch (a trim that a power loss undid)."""
-        cdef Py_ssize_t pos = self.idx_pos[self.idx_n - 1] if self.idx_n else 0
-        cdef Py_ssize_t length
+        zeros past its last batch (a trim that a power loss undid). The walk
+        starts only from an entry that passed its check (else from byte 0)
+        and steps only over batches that pass the structural checks."""
+        cdef Py_ssize_t pos = 0
         cdef const char *p
+        if self.tix_n:
+            self.last_publish_time = max(self.last_publish_time, self.tix_ts[self.tix_n - 1])
         if self.mapping is None or self.size == 0:
             return
+        if self.idx_n and self._idx_entry_ok(self.idx_n - 1):
+            pos = self.idx_pos[self.idx_n - 1]
         p = self.mapping.base
-        while pos + HEADER_SIZE <= self.size and load_u32(p + pos + MAGIC_OFFSET) == BATCH_MAGIC:
-            length = load_u32(p + pos + LENGTH_OFFSET)
-            if length < HEADER_SIZE or pos + length > self.size:
-                break
-            self.last_publish_time = load_i64(p + pos + PUBLISH_TIME_OFFSET)
-            pos += length
-        if pos < self.size and load_u64(p + pos) == 0:
+        while pos + HEADER_SIZE <= self.size and _check_batch(p + pos, self.size - pos, -1, False, NULL) is None:
+            self.last_publish_time = max(self.last_publish_time, load_i64(p + pos + PUBLISH_TIME_OFFSET))
+            pos += load_u32(p + pos + LENGTH_OFFSET)
+        if pos + 8 <= self.size and load_u64(p + pos) == 0:
             self.size = pos        # zeros past the last batch: the end is here
 
     # -- reading -----------------------------------------------------------
@@ -1253,7 +1252,7 @@ cdef class Segment:
                 pos = self.idx_pos[i]
                 # An index is derived data: trust an entry only when the
                 # batch it points at is whole and starts where it says.
-                if not self._entry_holds(pos, self.idx_off[i]):
+                if not self._idx_entry_ok(i):
                     self.index_faults += 1
                     pos = 0
         while pos < self.size:
@@ -1281,8 +1280,9 @@ cdef class Segment:
         if self.tix_n:
             i = np.searchsorted(self.tix_ts[:self.tix_n], timestamp, side="left") - 1
             if i >= 0:
+                # _locate walks to a real batch: compare it with the entry.
                 pos = self._locate(self.tix_off[i])
-                if (pos < 0 or not self._entry_holds(pos, self.tix_off[i])
+                if (pos < 0 or load_i64(p + pos + BASE_OFFSET_OFFSET) != self.tix_off[i]
                         or load_i64(p + pos + PUBLISH_TIME_OFFSET) != self.tix_ts[i]):
                     self.index_faults += 1
                     pos = 0
@@ -1293,19 +1293,20 @@ cdef class Segment:
             pos += load_u32(p + pos + LENGTH_OFFSET)
         return -1
 
-    cdef bint _entry_holds(self, Py_ssize_t pos, int64_t offset):
-        """Whether an index entry names a real batch: a full check (CRC and
-        offsets) of the batch there, since bytes inside a message may look
-        like a header. Each entry is checked once per process."""
+    cdef bint _idx_entry_ok(self, Py_ssize_t i):
+        """Whether offset-index entry ``i`` names a real batch: a full check
+        (CRC and offsets) of the batch there, since bytes inside a message
+        may look like a header. Entries this process made need none; each
+        loaded one is checked once."""
+        cdef Py_ssize_t pos = self.idx_pos[i]
+        cdef unsigned char[::1] ok = self.idx_ok
+        if ok[i]:
+            return True
         if pos < 0 or pos + HEADER_SIZE > self.size or pos % 8:
             return False
-        if self.entries_checked is not None and pos in self.entries_checked:
-            return True
-        if _check_batch(self.mapping.base + pos, self.size - pos, offset, True, NULL) is not None:
+        if _check_batch(self.mapping.base + pos, self.size - pos, self.idx_off[i], True, NULL) is not None:
             return False
-        if self.entries_checked is None:
-            self.entries_checked = set()
-        self.entries_checked.add(pos)
+        ok[i] = 1
         return True
 
     cdef int _pin(self) except -1:

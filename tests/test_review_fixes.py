@@ -183,3 +183,47 @@ def test_size_limit_counts_the_key(tmp_path):
             p.send_batch(pa.array([b"v" * 900]), keys=pa.array([b"k" * 200]))
     with pytest.raises(errors.InvalidArgumentError):
         txmq.Broker(tmp_path / "e", segment_bytes_max=2**31)
+
+
+def test_a_wrong_last_index_entry_neither_shortens_nor_ages_a_segment(tmp_path):
+    """The walk to a segment's true end and last publish time starts only
+    from an index entry that passed its check."""
+    import numpy as np
+    from txmq.partition import INDEX_ENTRY
+    d = tmp_path / "p"
+    part = Partition(d, "t", 0, fsync="never", segment_bytes_max=8192, index_interval_bytes=4096)
+    for _ in range(20):
+        part.append(BatchSpec([b"\0" * 1000]))
+    assert len(part.segments) >= 3
+    part.close()
+    index = str(d / "00000000000000000000.index")
+    entries = np.fromfile(index, dtype=INDEX_ENTRY)
+    assert len(entries) >= 2
+    entries["b"][-1] += 400                     # inside a message of zero bytes
+    entries.tofile(index)
+    env_debug = os.environ.pop("TXMQ_DEBUG", None)
+    try:
+        part = Partition(d, "t", 0, fsync="never", segment_bytes_max=8192, index_interval_bytes=4096)
+        assert [m[0] for m in part.read(0, 100)] == list(range(20))
+        assert all(seg.last_publish_time > 0 for seg in part.segments)
+        assert part.delete_segments(part.end_offset, 3_600_000, None) == 0
+        part.close()
+    finally:
+        if env_debug is not None:
+            os.environ["TXMQ_DEBUG"] = env_debug
+
+
+def test_ack_timeout_still_covers_a_batch_split_by_a_nack(broker):
+    import time
+    broker.producer("t").send_batch([b"%d" % i for i in range(4)])
+    c = broker.subscribe("t", "s", "shared", initial_position="earliest", nack_delay=0,
+                         ack_timeout=0.3)
+    c.receive_batch(timeout=1)
+    c.nack(txmq.MessageId("t", 0, 2))
+    seen = set()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and seen != {0, 1, 2, 3}:
+        for m in c.receive_many(10, timeout=0.1):
+            seen.add(m.offset)
+            c.ack(m)
+    assert seen == {0, 1, 2, 3}

@@ -178,6 +178,8 @@ class Partition:
             self._rewrite_index(seg)
             if not last:
                 seg.seal()
+                if self.fsync != "never":
+                    seg.sync_file()      # rescanned: durable before a recovery point trusts it
         self._segments = tuple(segments)
         self.last_publish_time = max((s.last_publish_time for s in segments), default=0)
         if self.fsync != "never":

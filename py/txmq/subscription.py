@@ -247,13 +247,14 @@ class Subscription:
                         del lane.outstanding[off]
                         self._queue_redelivery(lane, off, now)
                 continue
-            for i, (s, e, c) in enumerate(lane.ranges):
-                if s == start and e == end and c == cid:
-                    del lane.ranges[i]
-                    for o in range(max(s, lane.cursor.mark_delete), e):
-                        if not lane.cursor.acked.contains(o):
-                            self._queue_redelivery(lane, o, now)
-                    break
+            # The delivery may have been split by nacks: take every piece of it.
+            expired = [r for r in lane.ranges if r[2] == cid and start <= r[0] and r[1] <= end]
+            if expired:
+                lane.ranges = [r for r in lane.ranges if not (r[2] == cid and start <= r[0] and r[1] <= end)]
+            for s, e, _ in expired:
+                for o in range(max(s, lane.cursor.mark_delete), e):
+                    if not lane.cursor.acked.contains(o):
+                        self._queue_redelivery(lane, o, now)
 
     def _deliver(self, lane: _Lane, consumer, offsets: list, now: float) -> None:
         cid = consumer.id
