@@ -254,9 +254,7 @@ cdef class BatchSpec:
                 if not PyBytes_Check(v):
                     if isinstance(v, (bytearray, memoryview)):
                         v = bytes(v)
-                        if self.value_list is values:   # never change the caller's list
-                            self.value_list = list(values)
-                        self.value_list[i] = v
+                        vl[i] = v                       # our copy, not the caller's list
                     else:
                         from txmq.errors import InvalidMessageError
                         raise InvalidMessageError(f"value at index {i} (expected bytes)", v)
@@ -371,9 +369,7 @@ cdef class BatchSpec:
                 self.key_bytes += PyBytes_GET_SIZE(k)
             elif isinstance(k, (str, bytearray, memoryview)):
                 k = (<str>k).encode() if isinstance(k, str) else bytes(k)
-                if self.key_list is keys:   # never change the caller's list
-                    self.key_list = list(keys)
-                self.key_list[i] = k
+                kl[i] = k                   # our copy, not the caller's list
                 self.key_bytes += PyBytes_GET_SIZE(k)
             else:
                 raise InvalidMessageError(f"key at index {i} (expected bytes, str or None)", k)
