@@ -67,7 +67,8 @@ cdef enum:
 cdef extern from "sys/stat.h" nogil:
     int S_IRUSR, S_IWUSR, S_IRGRP, S_IROTH
 
-FALLOCATE_CHUNK = 8 * 1024 * 1024
+# Blocks are reserved this far ahead of the writer, so a full disk is an
+# OSError at append time, not a SIGBUS.
 cdef Py_ssize_t FALLOCATE_CHUNK_C = 8 * 1024 * 1024
 PAGE = 4096
 
@@ -836,6 +837,19 @@ cdef class BatchInfo:
                 f"count={self.count}, length={self.length}, flags={self.flags:#x})")
 
 
+cdef bint _offsets_sound(const char *offsets, int32_t count, Py_ssize_t total) noexcept nogil:
+    """An offsets array runs from 0 to ``total`` without decreasing."""
+    cdef int32_t i, prev = load_i32(offsets), cur
+    if prev != 0 or load_i32(offsets + 4 * count) != total:
+        return False
+    for i in range(1, count + 1):
+        cur = load_i32(offsets + 4 * i)
+        if cur < prev:
+            return False
+        prev = cur
+    return True
+
+
 cdef str _check_batch(const char *p, Py_ssize_t avail, int64_t expected_offset, bint verify_crc,
                       Sections *out):
     """None when the batch at ``p`` is whole and sound; else the reason.
@@ -848,8 +862,6 @@ cdef str _check_batch(const char *p, Py_ssize_t avail, int64_t expected_offset, 
     cdef uint16_t flags
     cdef Py_ssize_t key_bytes, value_bytes, header_bytes, i
     cdef Sections s
-    cdef int32_t prev, cur
-    cdef Py_ssize_t arr, which
     if avail < HEADER_SIZE:
         return "batch header past the end of the segment"
     magic = load_u32(p + MAGIC_OFFSET)
@@ -886,42 +898,16 @@ cdef str _check_batch(const char *p, Py_ssize_t avail, int64_t expected_offset, 
     if s.end != length:
         return f"sections end at {s.end}, batch length is {length}"
     if verify_crc:
-        # Offsets must be monotone from 0 so decoders can trust them.
-        for which in range(2):
-            arr = s.key_offsets if which == 0 else s.value_offsets
-            prev = load_i32(p + arr)
-            if prev != 0:
-                return "offsets do not start at 0"
-            for i in range(1, count + 1):
-                cur = load_i32(p + arr + 4 * i)
-                if cur < prev:
-                    return "offsets decrease"
-                prev = cur
-        if flags & FLAG_HEADERS:
-            prev = load_i32(p + s.header_offsets)
-            if prev != 0 or load_i32(p + s.header_offsets + 4 * count) != header_bytes:
-                return "header offsets out of range"
-            for i in range(1, count + 1):
-                cur = load_i32(p + s.header_offsets + 4 * i)
-                if cur < prev:
-                    return "header offsets decrease"
-                prev = cur
+        # Offsets must run from 0 to their section's size without
+        # decreasing, so decoders can trust them.
+        if not (_offsets_sound(p + s.key_offsets, count, key_bytes)
+                and _offsets_sound(p + s.value_offsets, count, value_bytes)):
+            return "offsets out of order"
+        if (flags & FLAG_HEADERS) and not _offsets_sound(p + s.header_offsets, count, header_bytes):
+            return "header offsets out of order"
     if out != NULL:
         out[0] = s
     return None
-
-
-cdef bint _offsets_sound(const char *offsets, int32_t count, Py_ssize_t total) noexcept nogil:
-    """An offsets array runs from 0 to ``total`` without decreasing."""
-    cdef int32_t i, prev = load_i32(offsets), cur
-    if prev != 0 or load_i32(offsets + 4 * count) != total:
-        return False
-    for i in range(1, count + 1):
-        cur = load_i32(offsets + 4 * i)
-        if cur < prev:
-            return False
-        prev = cur
-    return True
 
 
 cdef class Segment:

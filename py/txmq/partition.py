@@ -254,7 +254,7 @@ class Partition:
 
     # -- index files ---------------------------------------------------------
 
-    def _adopt_index(self, seg: Segment, size: int, next_offset, partial: bool = False) -> bool:
+    def _adopt_index(self, seg: Segment, size: int, next_offset: int, partial: bool = False) -> bool:
         """Load the on-disk indexes of a segment known good up to ``size``.
 
         A trusted segment whose indexes fail their checks is rescanned and
@@ -269,11 +269,7 @@ class Partition:
                 tix = tix[tix["b"] <= limit]
         ok = (off is not None and tix is not None and _valid_entries(off, seg.base_offset, size)
               and _monotone(tix))
-        if next_offset is None:
-            next_offset = -1
         if ok:
-            if next_offset < 0:
-                next_offset = _next_offset_of_last(seg, off, size)
             seg.load_index(off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
             self._index_written[seg.base_offset] = (len(off), len(tix))
             return True
@@ -579,15 +575,3 @@ def _valid_entries(entries, base: int, size: int) -> bool:
     a, b = entries["a"], entries["b"]
     return bool(a[0] >= base and b[0] >= 0 and b[-1] < size and np.all(np.diff(a) > 0)
                 and np.all(np.diff(b) > 0))
-
-
-def _next_offset_of_last(seg: Segment, entries, size: int) -> int:
-    """Next offset of a trusted segment: walk from its last index entry."""
-    pos = int(entries["b"][-1]) if len(entries) else 0
-    seg.load_index([], [], [], [], size, seg.base_offset)
-    nxt = seg.base_offset
-    while pos < size:
-        info = seg.batch_at(pos)
-        nxt = info.next_offset
-        pos = info.end
-    return nxt
