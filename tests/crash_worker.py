@@ -31,8 +31,8 @@ WORK_SUB = "work"
 BROKER_OPTS = dict(segment_bytes_max=SEGMENT_BYTES, max_message_bytes=16 * 1024)
 
 
-def filler(cycle: int, seq: int) -> bytes:
-    n = (seq * 7919 + cycle * 31) % 300
+def filler(cycle: int, seq: int, short: bool = False) -> bytes:
+    n = (seq * 7919 + cycle * 31) % (8 if short else 300)
     d = hashlib.blake2b(f"{cycle}:{seq}".encode(), digest_size=32).digest()
     return (d * (n // 32 + 1))[:n]
 
@@ -49,8 +49,8 @@ def make_value(cycle: int, seq: int, bid: int, gi: int, gn: int, flags: str) -> 
     """``cycle:seq:bid:gi:gn:flags:filler``; ``bid`` -1 for a single send,
     else the batch's id, ``gi``/``gn`` the index and size of the part of the
     batch bound for this message's partition; ``flags`` K (keyed), H
-    (headers)."""
-    return f"{cycle}:{seq}:{bid}:{gi}:{gn}:{flags}:".encode() + filler(cycle, seq)
+    (headers), S (short filler, for batches of over a thousand messages)."""
+    return f"{cycle}:{seq}:{bid}:{gi}:{gn}:{flags}:".encode() + filler(cycle, seq, "S" in flags)
 
 
 def parse_value(value: bytes) -> dict:
@@ -60,7 +60,7 @@ def parse_value(value: bytes) -> dict:
         raise ValueError(f"malformed value {value[:60]!r}")
     cycle, seq, bid, gi, gn = (int(x) for x in parts[:5])
     flags = parts[5].decode()
-    if parts[6] != filler(cycle, seq):
+    if parts[6] != filler(cycle, seq, "S" in flags):
         raise ValueError(f"bad filler in value {value[:60]!r}")
     if bid >= 0 and not 0 <= gi < gn:
         raise ValueError(f"bad batch fields in {value[:60]!r}")
@@ -108,13 +108,16 @@ def produce_some(prod, rng, cycle, state, out, partition_for) -> None:
         state["seq"] = seq + 1
         out.write([f"A {cycle}:{seq} {mid.partition} {mid.offset}\n"])
         return
-    n = rng.randint(2, 16)
+    # One batch in ten has more messages than one pwritev takes pieces
+    # (IOV_MAX), so a kill can land between the writes of a single batch.
+    big = rng.random() < 0.1
+    n = rng.randint(1030, 1100) if big else rng.randint(2, 16)
     bid = state["bid"]
     state["bid"] = bid + 1
     seqs = list(range(seq, seq + n))
     state["seq"] = seq + n
-    if r < 0.8:
-        values = [make_value(cycle, s, bid, i, n, "") for i, s in enumerate(seqs)]
+    if big or r < 0.8:
+        values = [make_value(cycle, s, bid, i, n, "S" if big else "") for i, s in enumerate(seqs)]
         ids = prod.send_batch(values)
     else:
         keys = [key_of(s) for s in seqs]
