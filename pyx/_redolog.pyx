@@ -23,6 +23,7 @@ from libc.stdint cimport uint8_t, uint32_t
 from libc.string cimport memcpy
 
 import os
+import threading
 
 from txmq.errors import CorruptLogError
 
@@ -112,6 +113,9 @@ class RedoLog:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.size = os.fstat(self._fd).st_size
         self.frames_since_snapshot = 0
+        self.written = 0               # bytes appended by this object, ever
+        self.synced_written = 0        # ... of which durable
+        self._sync_lock = threading.Lock()
         if self.size == 0:
             self._write_header()
 
@@ -169,6 +173,20 @@ class RedoLog:
             while n < len(buf):
                 n += os.pwrite(self._fd, view[n:], self.size + n)
         self.size += len(buf)
+        self.written += len(buf)
+
+    def sync_to(self, mark):
+        """Make every byte appended up to ``mark`` (a value of ``written``)
+        durable. Threads waiting here together share one fdatasync (group
+        commit). Nothing to do under fsync="never"."""
+        if self.fsync == "never" or self.synced_written >= mark:
+            return
+        with self._sync_lock:
+            if self.synced_written >= mark:
+                return
+            target = self.written
+            os.fdatasync(self._fd)
+            self.synced_written = target
 
     def sync(self, force=False):
         """fdatasync unless the mode is ``"never"`` (``force`` syncs anyway)."""
@@ -177,6 +195,10 @@ class RedoLog:
 
     def compact(self, snapshot_payload):
         """Replace the log with one SNAPSHOT frame, atomically."""
+        with self._sync_lock:
+            self._compact(snapshot_payload)
+
+    def _compact(self, snapshot_payload):
         tmp = self.path + ".compact"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -195,6 +217,9 @@ class RedoLog:
         self._fd = fd
         self.size = len(buf)
         self.frames_since_snapshot = 1
+        self.written += len(buf)
+        if self.fsync != "never":
+            self.synced_written = self.written
 
     def close(self):
         if self._fd >= 0:

@@ -11,6 +11,9 @@ from txmq.broker import Broker
 from txmq.consumer import Consumer
 from txmq.message import Message, MessageId, MessageIds
 from txmq.producer import Producer
+from txmq.transaction import Transaction
+from txmq.txn import TxnID, TxnState
 
-__all__ = ["Broker", "Consumer", "Message", "MessageId", "MessageIds", "Producer", "errors"]
+__all__ = ["Broker", "Consumer", "Message", "MessageId", "MessageIds", "Producer", "Transaction",
+           "TxnID", "TxnState", "errors"]
 __version__ = "0.1.0"

@@ -7,32 +7,48 @@ Layout of a data directory (docs/FORMAT.md has every file's bytes)::
     <data>/topics/<topic>/<p>/...                 the partition log
     <data>/subscriptions/<topic>/<sub>/subscription.json
     <data>/subscriptions/<topic>/<sub>/cursor-<p>.log
+    <data>/subscriptions/<topic>/<sub>/pending-<p>.log   acks held by open transactions
+    <data>/coordinator/tc-<id>.log                transaction log per coordinator
+
+Opening recovers in this order: partitions (log, then transaction buffer),
+subscriptions (cursor, then pending acks), coordinators; then every
+transaction left unfinished is ended — decided ones as decided, every other
+one (open in a coordinator log, or known only to a partition or a
+subscription) aborted.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import logging
 import os
 import shutil
 import threading
+import time
 
 from txmq.consumer import Consumer
+from txmq.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, DataDirLockedError, InvalidArgumentError,
-                         IsolationLevelMismatchError, SubscriptionBusyError,
+                         InvalidTxnTimeoutError, IsolationLevelMismatchError, SubscriptionBusyError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
-                         TopicExistsError, TopicNotFoundError)
+                         TopicExistsError, TopicNotFoundError, TransactionNotFoundError)
 from txmq.producer import Producer
 from txmq.scheduler import Scheduler
 from txmq.files import sync_dir, write_json
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription
 from txmq.topic import Topic, check_subscription_name, check_topic_name
+from txmq.transaction import Transaction
+from txmq.txn import TxnID, TxnState
 
 log = logging.getLogger("txmq.broker")
 
 FSYNC_MODES = ("commit", "always", "never")
 MiB = 1024 * 1024
+TIMEOUT_CHECK_INTERVAL = 0.05     # seconds between transaction timeout checks
+RETRY_INTERVAL = 0.5              # ... between retries of a failed commit / abort fan-out
+SNAPSHOT_INTERVAL = 5.0           # ... between transaction-buffer snapshots
 
 
 class Broker:
@@ -47,12 +63,17 @@ class Broker:
     one message (default 5 MiB, at most half a segment); ``retention_ms`` / ``retention_bytes`` are the defaults of
     topics that set none (None: keep everything); retention only ever
     deletes whole segments below every subscription's mark-delete.
+
+    Transactions: ``num_coordinators`` transaction coordinators (default 4)
+    share new transactions round-robin; ``transaction_timeout_max`` seconds
+    (default 900) bounds the timeout a transaction may ask for.
     """
 
     def __init__(self, path, fsync: str = "commit", *, segment_bytes_max: int = 256 * MiB,
                  max_message_bytes: int | None = None, index_interval_bytes: int = 4096,
                  retention_ms: int | None = None, retention_bytes: int | None = None,
-                 retention_check_interval: float = 60.0):
+                 retention_check_interval: float = 60.0, num_coordinators: int = 4,
+                 transaction_timeout_max: float = 900.0):
         self.path = os.path.abspath(os.fspath(path))
         self._closed = True
         if fsync not in FSYNC_MODES:
@@ -65,7 +86,16 @@ class Broker:
         if not isinstance(max_message_bytes, int) or not 0 < max_message_bytes <= segment_bytes_max // 2:
             raise InvalidArgumentError("max_message_bytes", max_message_bytes,
                                        "an int > 0 and at most half of segment_bytes_max")
+        if not isinstance(num_coordinators, int) or not 1 <= num_coordinators <= 1024:
+            raise InvalidArgumentError("num_coordinators", num_coordinators, "an int from 1 to 1024")
+        if not isinstance(transaction_timeout_max, (int, float)) or transaction_timeout_max <= 0:
+            raise InvalidArgumentError("transaction_timeout_max", transaction_timeout_max, "seconds > 0")
         self.fsync = fsync
+        self.num_coordinators = num_coordinators
+        self.transaction_timeout_max = float(transaction_timeout_max)
+        self._coordinators: list[TransactionCoordinator] = []
+        self._tc_rr = itertools.count()
+        self.recovered_transactions = {"committed": 0, "aborted": 0}
         self.retention_ms = retention_ms
         self.retention_bytes = retention_bytes
         self._partition_options = dict(fsync=fsync, segment_bytes_max=segment_bytes_max,
@@ -80,14 +110,20 @@ class Broker:
             os.makedirs(os.path.join(self.path, "topics"), exist_ok=True)
             os.makedirs(os.path.join(self.path, "subscriptions"), exist_ok=True)
             self._recover()
+            self._recover_transactions()
         except BaseException:
             for t in self._topics.values():
                 t.close()
+            for tc in self._coordinators:
+                tc.close()
             os.close(self._lock_fd)
             raise
         self._closed = False
         self._scheduler = Scheduler()
         self._scheduler.every(retention_check_interval, self.enforce_retention)
+        self._scheduler.every(TIMEOUT_CHECK_INTERVAL, self._expire_transactions)
+        self._scheduler.every(RETRY_INTERVAL, self._retry_transactions)
+        self._scheduler.every(SNAPSHOT_INTERVAL, self._snapshot_txn_buffers)
 
     # -- opening -------------------------------------------------------------
 
@@ -115,6 +151,50 @@ class Broker:
                     self, topic, sub, os.path.join(sdir, sub), type=meta["type"],
                     isolation=meta["isolation"], initial_position=meta["initial_position"],
                     ack_timeout=None, nack_delay=1.0)
+
+    def _recover_transactions(self) -> None:
+        """Open the coordinators and end every unfinished transaction."""
+        cdir = os.path.join(self.path, "coordinator")
+        os.makedirs(cdir, exist_ok=True)
+        existing = [int(n[3:-4]) for n in os.listdir(cdir)
+                    if n.startswith("tc-") and n.endswith(".log") and n[3:-4].isdigit()]
+        count = max([self.num_coordinators] + [i + 1 for i in existing])
+        self._coordinators = [TransactionCoordinator(self, i, os.path.join(cdir, f"tc-{i}.log"), self.fsync)
+                              for i in range(count)]
+        decisions: dict[TxnID, bool] = {}
+        for tc in self._coordinators:
+            for txn_id, (state, *_rest) in tc.replay().items():
+                decided = state in (1, 3)          # COMMITTING, COMMITTED
+                decisions[txn_id] = decided
+                if state == 0:                     # OPEN: abort it
+                    tc.record_decision(txn_id, False)
+        partitions = [p for t in self._topics.values() for p in t.partitions]
+        subs = [s for t in self._topics.values() for s in t.subscriptions.values()]
+        ended = self.recovered_transactions
+        for p in partitions:
+            for hi, lo, _, _ in p.ongoing.entries():
+                txn_id = TxnID.from_words(hi, lo)
+                self._saw(txn_id)
+                commit = decisions.get(txn_id, False)
+                p.end_txn((hi, lo), commit)
+                ended["committed" if commit else "aborted"] += 1
+            for hi, lo, _, _ in p.aborted.entries():
+                self._saw(TxnID.from_words(hi, lo))
+        for s in subs:
+            for txn_id in s.pending_txns():
+                self._saw(txn_id)
+                s.end_txn(txn_id, decisions.get(txn_id, False))
+        if self.fsync != "never":
+            for p in partitions:
+                p.sync_to(p.end_offset)
+        for tc in self._coordinators:
+            tc.finish_recovery()
+        if self.fsync != "never":
+            sync_dir(cdir)
+
+    def _saw(self, txn_id: TxnID) -> None:
+        if txn_id.coordinator < len(self._coordinators):
+            self._coordinators[txn_id.coordinator].saw(txn_id.sequence)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -264,6 +344,89 @@ class Broker:
         except KeyError:
             raise SubscriptionNotFoundError(topic, name) from None
 
+    # -- transactions --------------------------------------------------------------------
+
+    def new_transaction(self, timeout: float = 60.0) -> Transaction:
+        """Begin a transaction; the coordinator aborts it if it is still open
+        ``timeout`` seconds from now (at most ``transaction_timeout_max``)."""
+        self._check_open()
+        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                or not 0 < timeout <= self.transaction_timeout_max):
+            raise InvalidTxnTimeoutError(timeout, self.transaction_timeout_max)
+        tc = self._coordinators[next(self._tc_rr) % self.num_coordinators]
+        return Transaction(self, tc, tc.begin(float(timeout)))
+
+    def transaction(self, timeout: float = 60.0) -> Transaction:
+        """``with broker.transaction() as txn:`` commits on normal exit and
+        aborts on an exception."""
+        return self.new_transaction(timeout)
+
+    def _coordinator_of(self, meta) -> TransactionCoordinator:
+        return self._coordinators[meta.id.coordinator]
+
+    def _participant_exists(self, participant) -> bool:
+        """False once the topic (or subscription) of a participant is gone:
+        a deleted participant has nothing left to commit or abort."""
+        topic = getattr(participant, "topic", None)
+        name = topic if isinstance(topic, str) else topic.name
+        t = self._topics.get(name)
+        if t is None or self._closed:
+            return False
+        if isinstance(topic, str):
+            return participant in t.partitions
+        return t.subscriptions.get(participant.name) is participant
+
+    def _meta(self, txn_id):
+        txn_id = TxnID.parse(txn_id)
+        if txn_id.coordinator < len(self._coordinators):
+            meta = self._coordinators[txn_id.coordinator].txns.get(txn_id)
+            if meta is not None:
+                return meta
+        raise TransactionNotFoundError(txn_id)
+
+    def transactions(self) -> list:
+        """Every live transaction: id, state, age and timeout (seconds),
+        participants. Ended transactions are forgotten."""
+        self._check_open()
+        metas = [m for tc in self._coordinators for m in list(tc.txns.values())]
+        return [_txn_info(m) for m in sorted(metas, key=lambda m: m.id)]
+
+    def transaction_info(self, txn_id) -> dict:
+        """One live transaction (see :meth:`transactions`); ``txn_id`` is a
+        TxnID, a (coordinator, sequence) pair or ``"(tc,seq)"``. Raises
+        :class:`TransactionNotFoundError` when it is not live."""
+        self._check_open()
+        return _txn_info(self._meta(txn_id))
+
+    def abort_transaction(self, txn_id) -> None:
+        """Force-abort a live transaction (an operator's tool for one that
+        holds readers back); its owner's later calls fail."""
+        self._check_open()
+        meta = self._meta(txn_id)
+        self._coordinator_of(meta).end(meta, False, reason="forced")
+
+    def _expire_transactions(self) -> None:
+        for tc in self._coordinators[:self.num_coordinators]:
+            if self._closed:
+                return
+            tc.expire()
+
+    def _retry_transactions(self) -> None:
+        for tc in self._coordinators:
+            if self._closed:
+                return
+            tc.retry_pending()
+
+    def _snapshot_txn_buffers(self) -> None:
+        for t in list(self._topics.values()):
+            for p in t.partitions:
+                if self._closed:
+                    return
+                try:
+                    p.snapshot_txn_buffer(if_changed=True)
+                except BrokerClosedError:
+                    pass
+
     # -- background work ------------------------------------------------------------
 
     def enforce_retention(self) -> int:
@@ -309,6 +472,15 @@ class Broker:
                 "partitions": [p.stats() for p in t.partitions],
                 "subscriptions": {s: sub.stats() for s, sub in t.subscriptions.items()},
             } for name, t in topics.items()},
+            "transactions": {
+                "open": sum(len(tc.txns) for tc in self._coordinators),
+                "begun": sum(tc.stats["begun"] for tc in self._coordinators),
+                "committed": sum(tc.stats["committed"] for tc in self._coordinators),
+                "aborted": sum(tc.stats["aborted"] for tc in self._coordinators),
+                "timed_out": sum(tc.stats["timed_out"] for tc in self._coordinators),
+                "recovered": dict(self.recovered_transactions),
+                "coordinator_problems_on_open": [p for tc in self._coordinators for p in tc.problems],
+            },
         }
 
     def close(self) -> None:
@@ -325,6 +497,8 @@ class Broker:
                     c.closed = True
             t.close()
         self._topics.clear()
+        for tc in self._coordinators:
+            tc.close()
         os.close(self._lock_fd)
 
     @property
@@ -339,6 +513,18 @@ class Broker:
 
     def __repr__(self) -> str:
         return f"Broker({self.path!r}, fsync={self.fsync!r})"
+
+
+def _txn_info(meta) -> dict:
+    return {
+        "id": str(meta.id),
+        "state": meta.state.value,
+        "age_s": round(time.monotonic() - (meta.deadline - meta.timeout), 3),
+        "timeout_s": meta.timeout,
+        "started_ms": meta.start_ms,
+        "partitions": sorted(f"{t}/{p}" for t, p in meta.partitions),
+        "subscriptions": sorted(f"{t}/{s}" for t, s in meta.subscriptions),
+    }
 
 
 def _take_lock(path: str) -> int:

@@ -80,9 +80,16 @@ class Consumer:
             raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
         return self._sub.receive_batch(self, max_messages, timeout)
 
-    def ack(self, messages) -> None:
+    def ack(self, messages, txn=None) -> None:
         """Acknowledge a Message, a MessageId, a list of them, or a
-        ``pyarrow.RecordBatch`` from :meth:`receive_batch`."""
+        ``pyarrow.RecordBatch`` from :meth:`receive_batch`.
+
+        With ``txn`` the ack is pending in that transaction: it takes effect
+        when the transaction commits, and is dropped (the messages come
+        again) when it aborts. Acking a message that another open
+        transaction holds, or that is already acknowledged, raises
+        :class:`~txmq.errors.TransactionConflictError` and changes nothing.
+        """
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
             md = messages.schema.metadata or {}
@@ -90,21 +97,33 @@ class Consumer:
                 return
             partition = int(md[b"partition"])
             offsets = messages.column("offset").to_numpy()
+            if txn is not None:
+                meta = txn._checked_meta(self._broker)
+                self._sub.ack_txn(meta, [MessageId(self.topic, partition, int(o)) for o in offsets])
+                return
             first, last = int(offsets[0]), int(offsets[-1])
             if last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all())):
                 self._sub.ack_range(partition, first, last + 1)
             else:  # redelivered messages are scattered
                 self._sub.ack([MessageId(self.topic, partition, int(o)) for o in offsets])
             return
+        if txn is not None:
+            self._sub.ack_txn(txn._checked_meta(self._broker), _ids(messages))
+            return
         self._sub.ack(_ids(messages))
 
-    def ack_cumulative(self, message) -> None:
+    def ack_cumulative(self, message, txn=None) -> None:
         """Acknowledge ``message`` and everything before it on its partition
-        (exclusive and failover subscriptions only)."""
+        (exclusive and failover subscriptions only); with ``txn``, pending
+        in that transaction (conflicts with any other transaction's pending
+        ack at or below it)."""
         self._check_open()
         ids = _ids(message)
         if len(ids) != 1:
             raise InvalidArgumentError("message", message, "one Message or MessageId")
+        if txn is not None:
+            self._sub.ack_cumulative_txn(txn._checked_meta(self._broker), ids[0])
+            return
         self._sub.ack_cumulative(ids[0])
 
     def nack(self, messages) -> None:

@@ -167,6 +167,16 @@ class Cursor:
         self._persisted()
         return True
 
+    def skip(self, start: int, end: int) -> None:
+        """Count [start, end) as acknowledged in memory only: offsets that
+        are never delivered (transaction markers, aborted batches under
+        READ_COMMITTED). No frame is written; after a reopen the reader
+        passes them again and skips them again."""
+        start = max(start, self.mark_delete)
+        if end > start:
+            self.acked.add_range(start, end)
+            self._advance()
+
     def reset(self, offset: int) -> None:
         """Move the cursor to ``offset`` (seek) and forget individual acks."""
         self.log.append(RESET, _I64.pack(offset))

@@ -154,3 +154,66 @@ class TopicBusyError(TxmqError):
         self.name = name
         self.consumers = consumers
         super().__init__(f"topic {name!r} has {consumers} consumer(s) attached; close them or pass force=True")
+
+
+class TransactionError(TxmqError):
+    """Base of the transaction errors; ``txn_id`` is the TxnID concerned."""
+
+    def __init__(self, txn_id, message: str):
+        self.txn_id = txn_id
+        super().__init__(message)
+
+
+class TransactionNotFoundError(TransactionError, KeyError):
+    """No coordinator knows the transaction (never begun, or ended and purged)."""
+
+    def __init__(self, txn_id):
+        super().__init__(txn_id, f"transaction {txn_id} is not known to its coordinator")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class InvalidTxnStateError(TransactionError):
+    """An operation needs the transaction in another state.
+
+    ``state`` is where it is, ``wanted`` the state or transition asked for."""
+
+    def __init__(self, txn_id, state: str, wanted: str):
+        self.state = state
+        self.wanted = wanted
+        super().__init__(txn_id, f"transaction {txn_id} is {state}; cannot {wanted}")
+
+
+class TransactionConflictError(TransactionError):
+    """An ack in a transaction collides with another transaction's pending
+    ack or with an acknowledgement already made; nothing was changed.
+
+    ``message_id`` is the message, ``other`` the TxnID holding it (None when
+    it was acknowledged outside a transaction)."""
+
+    def __init__(self, txn_id, message_id, reason: str, other=None):
+        self.message_id = message_id
+        self.other = other
+        self.reason = reason
+        super().__init__(txn_id, f"transaction {txn_id}: ack of {message_id} conflicts: {reason}"
+                                 + (f" ({other})" if other is not None else ""))
+
+
+class TransactionTimeoutError(TransactionError):
+    """The transaction passed its timeout and was aborted by its coordinator."""
+
+    def __init__(self, txn_id, timeout: float):
+        self.timeout = timeout
+        super().__init__(txn_id, f"transaction {txn_id} timed out after {timeout:g} s and was aborted")
+
+
+class InvalidTxnTimeoutError(TransactionError, ValueError):
+    """A transaction timeout outside (0, transaction_timeout_max]. ``txn_id``
+    is None: the transaction was not created."""
+
+    def __init__(self, timeout, maximum: float, txn_id=None):
+        self.timeout = timeout
+        self.maximum = maximum
+        super().__init__(txn_id, f"invalid transaction timeout {timeout!r}: expected seconds in "
+                                 f"(0, {maximum:g}] (transaction_timeout_max)")

@@ -9,6 +9,17 @@ Files in ``<data>/topics/<topic>/<p>/`` (docs/FORMAT.md has the bytes):
   log was checked and (in the fsync modes that promise it) made durable.
   Opening scans only from there, so reopening costs the same however long
   the log is.
+- ``txnbuffer.snap``: the transaction buffer (open transactions, aborted
+  ones) as of an offset; opening loads it and replays the batch headers
+  after that offset.
+
+The transaction buffer (DESIGN.md §3): ``ongoing`` holds the open
+transactions with data here in order of their first offset, and its head is
+``max_read_position``; ``aborted`` holds the aborted transactions that still
+have data in retained segments. A transaction's first batch is entered in
+``ongoing`` before its bytes become readable, and an aborted one enters
+``aborted`` before it leaves ``ongoing``, so a lock-free reader never sees
+an open or aborted batch below ``max_read_position`` unmarked.
 
 Appends take the partition lock; reads take no lock (a reader only looks
 below ``end_offset``, which moves after the bytes are in place).
@@ -25,9 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from txmq._log import BatchSpec, Segment, SegmentClosedError, crc32c_of
+from txmq._log import FLAG, BatchSpec, Segment, SegmentClosedError, crc32c_of
 from txmq._redolog import sync_dir
+from txmq._txn import AbortSet, OngoingQueue
 from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
+from txmq.txn import TxnID
 
 log = logging.getLogger("txmq.partition")
 
@@ -43,6 +56,20 @@ assert RECOVERY_POINT.size == 40
 
 # Bytes appended between two recovery points; bounds the scan on reopen.
 CHECKPOINT_BYTES = 16 * 1024 * 1024
+
+TRANSACTIONAL = FLAG["transactional"]
+MARKER_FLAGS = {True: FLAG["transactional"] | FLAG["control"] | FLAG["marker_commit"],
+                False: FLAG["transactional"] | FLAG["control"] | FLAG["marker_abort"]}
+MARKER_ABORT = FLAG["marker_abort"]
+
+# txnbuffer.snap: magic, version, 3 reserved, replay-from offset, then the
+# ongoing and aborted tables (_txn to_bytes), then crc32c of all before it.
+TXNBUF_MAGIC = b"TXTB"
+TXNBUF_VERSION = 1
+TXNBUF_HEAD = struct.Struct("<4sB3xq")
+# A snapshot is written after this many transactions ended here, or by the
+# broker's timer when anything changed.
+SNAPSHOT_EVERY_TXNS = 1000
 
 
 def now_ms() -> int:
@@ -87,8 +114,13 @@ class Partition:
         self._checkpoint_pos = 0         # position in the active segment of the last recovery point
         self._index_written = {}         # segment base -> (offset entries, time entries) on disk
         self.last_publish_time = 0
+        self.ongoing = OngoingQueue()    # the transaction buffer (module docstring)
+        self.aborted = AbortSet()
+        self._ended_since_snapshot = 0
+        self._snapshot_lock = threading.Lock()
         os.makedirs(self.path, exist_ok=True)
         self._open()
+        self._recover_txn_buffer()
 
     # -- names ---------------------------------------------------------------
 
@@ -115,9 +147,20 @@ class Partition:
 
     @property
     def max_read_position(self) -> int:
-        """Where READ_COMMITTED reads stop (Kafka's last stable offset).
-        With no transaction open on this partition it is the log end."""
-        return self._segments[-1].next_offset
+        """Where READ_COMMITTED reads stop (Kafka's last stable offset): the
+        first offset of the oldest transaction still open here, or the log
+        end when none is."""
+        end = self._segments[-1].next_offset     # read first: see module docstring
+        return self.ongoing.max_read_position(end)
+
+    def blocked_by(self):
+        """(TxnID, first offset, since ms) of the open transaction holding
+        ``max_read_position`` back, or None."""
+        oldest = self.ongoing.oldest()
+        if oldest is None:
+            return None
+        hi, lo, first, since = oldest
+        return TxnID.from_words(hi, lo), first, since
 
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
@@ -310,17 +353,21 @@ class Partition:
         except ValueError:
             pass
 
-    def append(self, spec: BatchSpec, flags: int = 0, txn_hi: int = 0, txn_lo: int = 0,
+    def append(self, spec: BatchSpec, flags: int = 0, txn=None,
                producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
                sync: bool | None = None) -> int:
         """Append one batch; return its base offset.
 
-        ``sync`` makes it durable before returning; by default it follows
-        the fsync mode (only ``"always"`` syncs plain appends). This is the
-        hot path of every send: keep it lean.
+        ``txn`` (a coordinator's TxnMeta) makes it a batch of that
+        transaction: refused unless the transaction is open, and entered in
+        the transaction buffer. ``sync`` makes it durable before returning;
+        by default it follows the fsync mode (only ``"always"`` syncs plain
+        appends; a transaction's data is made durable by its commit). This
+        is the hot path of every send: keep it lean.
         """
         if spec.max_message_bytes > self.max_message_bytes or spec.encoded_size() > self.segment_bytes_max:
             self._too_large(spec)
+        txn_hi = txn_lo = 0
         with self.lock:
             if not self._segments:
                 raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
@@ -328,24 +375,145 @@ class Partition:
             if now < self.last_publish_time:
                 now = self.last_publish_time
             seg = self._segments[-1]
-            base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
-                              base_sequence, now)
-            if base < 0:
-                self._roll()
-                seg = self._segments[-1]
+            added = False
+            if txn is not None:
+                txn.check_open("send")
+                txn_hi, txn_lo = txn.words
+                flags |= TRANSACTIONAL
+                # Entered before its bytes are readable: see the module docstring.
+                added = self.ongoing.add(txn_hi, txn_lo, seg.next_offset, now)
+            try:
                 base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                                   base_sequence, now)
-                assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
+                if base < 0:
+                    self._roll()
+                    seg = self._segments[-1]
+                    base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                      base_sequence, now)
+                    assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
+            except BaseException:
+                if added:
+                    self.ongoing.remove(txn_hi, txn_lo)
+                raise
             self.last_publish_time = now
             end = seg.next_offset
             if seg.size - self._checkpoint_pos >= CHECKPOINT_BYTES:
                 self._checkpoint()
-        if self._sync_always if sync is None else sync:
+        if txn is None and (self._sync_always if sync is None else sync):
             self.sync_to(end)
         if self._listeners:
             for cb in self._listeners:
                 cb(self)
         return base
+
+    def end_txn(self, words: tuple, commit: bool) -> int:
+        """Write the COMMIT / ABORT marker of transaction ``words`` (hi, lo)
+        and take it out of ``ongoing``; return the marker's offset, or -1
+        when the transaction has no open data here (already ended, or it
+        never wrote here): ending twice changes nothing."""
+        hi, lo = words
+        with self.lock:
+            if not self._segments:
+                raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
+            first = self.ongoing.first_offset_of(hi, lo)
+            if first < 0:
+                return -1
+            now = max(self.clock(), self.last_publish_time)
+            seg = self._segments[-1]
+            spec = BatchSpec([b""])
+            base = seg.append(spec, MARKER_FLAGS[commit], hi, lo, -1, -1, -1, now)
+            if base < 0:
+                self._roll()
+                seg = self._segments[-1]
+                base = seg.append(spec, MARKER_FLAGS[commit], hi, lo, -1, -1, -1, now)
+            self.last_publish_time = now
+            if not commit:
+                self.aborted.add(hi, lo, first, base)    # before it leaves ongoing
+            self.ongoing.remove(hi, lo)
+            self._ended_since_snapshot += 1
+            snapshot = self._ended_since_snapshot >= SNAPSHOT_EVERY_TXNS
+        if snapshot:
+            self.snapshot_txn_buffer()
+        if self._listeners:
+            for cb in self._listeners:
+                cb(self)
+        return base
+
+    def is_aborted(self, info) -> bool:
+        """Whether the batch ``info`` belongs to an aborted transaction."""
+        return bool(info.flags & TRANSACTIONAL) and self.aborted.contains(info.txn_hi, info.txn_lo)
+
+    # -- the transaction buffer snapshot -------------------------------------------
+
+    def snapshot_txn_buffer(self, if_changed: bool = False) -> bool:
+        """Write ``txnbuffer.snap``: the buffer as of the log end. Opening
+        then replays only the batches after it."""
+        with self._snapshot_lock:
+            with self.lock:
+                if not self._segments or (if_changed and not self._ended_since_snapshot):
+                    return False
+                offset = self.end_offset
+                body = (TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, offset)
+                        + self.ongoing.to_bytes() + self.aborted.to_bytes())
+                self._ended_since_snapshot = 0
+            path = os.path.join(self.path, "txnbuffer.snap")
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(body + struct.pack("<I", crc32c_of(body)))
+                if self.fsync != "never":
+                    f.flush()
+                    os.fdatasync(f.fileno())
+            os.replace(tmp, path)
+            return True
+
+    def _load_txn_snapshot(self):
+        path = os.path.join(self.path, "txnbuffer.snap")
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            if len(raw) < TXNBUF_HEAD.size + 12 or struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
+                raise ValueError("bad length or CRC")
+            magic, version, offset = TXNBUF_HEAD.unpack_from(raw)
+            if magic != TXNBUF_MAGIC or version != TXNBUF_VERSION:
+                raise ValueError(f"bad magic or version {magic!r} {version}")
+            body = raw[TXNBUF_HEAD.size:-4]
+            ongoing, n = OngoingQueue.from_bytes(body)
+            aborted, m = AbortSet.from_bytes(body[n:])
+            if n + m != len(body):
+                raise ValueError("stray bytes after the tables")
+        except (ValueError, struct.error) as e:
+            self._report(Dropped(path, 0, f"transaction buffer snapshot unusable ({e}); rebuilt from the log"))
+            return None
+        if not self.start_offset <= offset <= self.end_offset:
+            # Taken past a tail that recovery cut, or before retention
+            # deleted what it starts from: rebuild from the log.
+            return None
+        return offset, ongoing, aborted
+
+    def _recover_txn_buffer(self) -> None:
+        """Load the snapshot and replay the batch headers after it."""
+        snap = self._load_txn_snapshot()
+        if snap is None:
+            offset = self.start_offset
+        else:
+            offset, self.ongoing, self.aborted = snap
+        seg, pos = self.segment_for(offset)
+        ongoing, aborted = self.ongoing, self.aborted
+        while seg is not None:
+            info = seg.batch_at(pos)
+            if info.flags & TRANSACTIONAL and info.base_offset >= offset:
+                hi, lo = info.txn_hi, info.txn_lo
+                if info.is_control:
+                    first = ongoing.remove(hi, lo)
+                    if info.flags & MARKER_ABORT and first >= 0:
+                        aborted.add(hi, lo, first, info.base_offset)
+                elif not aborted.contains(hi, lo):
+                    ongoing.add(hi, lo, info.base_offset, info.publish_time)
+            seg, pos = self.next_batch(seg, pos)
+        aborted.trim_below(self.start_offset)
 
     def _too_large(self, spec: BatchSpec):
         if spec.max_message_bytes > self.max_message_bytes:
@@ -494,6 +662,8 @@ class Partition:
                     _unlink(self._file(seg.base_offset, suffix))
                 self._index_written.pop(seg.base_offset, None)
                 deleted += 1
+            if deleted:
+                self.aborted.trim_below(self.start_offset)
         return deleted
 
     # -- lifetime --------------------------------------------------------------
@@ -504,6 +674,8 @@ class Partition:
             self._checkpoint()
 
     def close(self) -> None:
+        if self._segments:
+            self.snapshot_txn_buffer(if_changed=True)
         with self.lock:
             if not self._segments:
                 return
@@ -525,6 +697,18 @@ class Partition:
             "bytes": sum(s.size for s in segs),
             "segments": len(segs),
             "truncated_on_open": [str(d) for d in self.dropped],
+        } | self.txn_stats()
+
+    def txn_stats(self) -> dict:
+        """max_read_position, open and aborted transaction counts, and the
+        open transaction holding max_read_position back (and since when)."""
+        blocked = self.blocked_by() if self._segments else None
+        return {
+            "max_read_position": self.max_read_position if self._segments else None,
+            "open_transactions": len(self.ongoing),
+            "aborted_transactions": len(self.aborted),
+            "blocked_by": None if blocked is None else str(blocked[0]),
+            "blocked_since_ms": None if blocked is None else blocked[2],
         }
 
 

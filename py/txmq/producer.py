@@ -46,14 +46,23 @@ class Producer:
             raise BrokerClosedError(f"producer of {self._topic.name!r} is closed")
         self._broker._check_open()
 
-    def send(self, value, key=None, headers=None, event_time=None, partition=None) -> MessageId:
+    def _append(self, p, spec, txn):
+        if txn is None:
+            return p.append(spec)
+        meta = txn._checked_meta(self._broker)
+        if (p.topic, p.index) not in meta.partitions:
+            self._broker._coordinator_of(meta).register_partition(meta, p)
+        return p.append(spec, txn=meta)
+
+    def send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None) -> MessageId:
         """Append one message; return its :class:`MessageId` once it is in the
         log (and durable, under ``fsync="always"``).
 
         ``value`` and ``key`` are bytes (a str key is UTF-8 encoded);
         ``headers`` a dict or a list of (str, bytes) pairs; ``event_time``
         int milliseconds (default: the publish time); ``partition``
-        overrides the partitioner.
+        overrides the partitioner; ``txn`` makes the message part of that
+        transaction (visible to READ_COMMITTED readers once it commits).
         """
         if self.closed or self._broker._closed:
             self._check_open()
@@ -68,15 +77,19 @@ class Producer:
             p = self._partition(key, partition)
         else:
             p = parts[next(self._rr) % len(parts)]
-        return _new_id(MessageId, (self._topic.name, p.index, p.append(spec)))
+        if txn is None:
+            return _new_id(MessageId, (self._topic.name, p.index, p.append(spec)))
+        return _new_id(MessageId, (self._topic.name, p.index, self._append(p, spec, txn)))
 
-    def send_batch(self, values, keys=None, headers=None, event_times=None, partition=None) -> MessageIds:
+    def send_batch(self, values, keys=None, headers=None, event_times=None, partition=None,
+                   txn=None) -> MessageIds:
         """Append many messages; return their ids in input order.
 
         ``values`` is a list of bytes or a pyarrow binary/string array (the
         array's bytes are copied once, straight into the log, with no
         per-message Python work). Messages bound for one partition form one
-        batch; without keys the whole call goes to one partition.
+        batch; without keys the whole call goes to one partition. ``txn``
+        makes every message part of that transaction.
         """
         self._check_open()
         if isinstance(values, tuple):
@@ -90,7 +103,7 @@ class Producer:
         if partition is not None or keys is None or len(parts) == 1:
             p = self._partition(None, partition)
             spec = BatchSpec(values, keys, headers, event_times)
-            base = p.append(spec)
+            base = self._append(p, spec, txn)
             return MessageIds(self._topic.name, np.full(n, p.index, np.int32),
                               np.arange(base, base + n, dtype=np.int64))
         if len(keys) != n:
@@ -108,7 +121,7 @@ class Producer:
             spec = BatchSpec(_take(values, idx), _take(keys, idx),
                              None if headers is None else [headers[i] for i in idx],
                              None if event_times is None else np.asarray(event_times)[idx])
-            base = parts[pi].append(spec)
+            base = self._append(parts[pi], spec, txn)
             offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
         return MessageIds(self._topic.name, targets, offsets)
 

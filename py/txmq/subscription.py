@@ -6,6 +6,12 @@ Per partition a subscription keeps a *lane*. Within a lane every offset in
 outstanding at one consumer, waiting in the redelivery queue, or decoded in
 the read buffer. Offsets at or past ``read_offset`` have not been read yet.
 Nothing else is needed to deliver each message to one consumer at a time.
+
+Acks made inside a transaction do not touch the cursor: they are held in the
+lane's pending-ack table and written to ``pending-<p>.log`` (frames in
+docs/FORMAT.md). A pending offset is in no dispatch state (never delivered
+or redelivered) until its transaction ends: commit acknowledges it in the
+cursor, abort queues it for redelivery.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import functools
 import heapq
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -21,11 +28,15 @@ import numpy as np
 
 from txmq._ackset import group_offsets
 from txmq._log import SegmentClosedError
-from txmq.cursor import Cursor
+from txmq._redolog import RedoLog
+from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
+from txmq.cursor import COMPACT_FRAMES, Cursor
 from txmq.files import sync_dir, write_json
-from txmq.errors import (BrokerClosedError, NotAcknowledgeableError, SubscriptionBusyError,
-                         SubscriptionTypeError)
+from txmq.errors import (BrokerClosedError, CorruptLogError, NotAcknowledgeableError, SubscriptionBusyError,
+                         SubscriptionTypeError, TransactionConflictError)
 from txmq.message import MessageId
+from txmq.partition import TRANSACTIONAL
+from txmq.txn import TxnID
 
 TYPES = ("exclusive", "shared", "failover")
 ISOLATIONS = ("read_committed", "read_uncommitted")
@@ -36,13 +47,19 @@ class _Lane:
     """Dispatch state of one subscription on one partition."""
 
     __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "buf_i", "outstanding",
-                 "ranges", "redeliver", "redelivery_count", "deadlines")
+                 "ranges", "redeliver", "redelivery_count", "deadlines", "pending", "pending_log")
 
-    def __init__(self, partition, cursor: Cursor):
+    def __init__(self, partition, cursor: Cursor, pending_log: RedoLog):
         self.partition = partition
         self.cursor = cursor
         self.redelivery_count: dict[int, int] = {}
+        self.pending = PendingAckTable()
+        self.pending_log = pending_log
         self.rewind(cursor.mark_delete)
+
+    def settled(self, offset: int) -> bool:
+        """Acknowledged, or pending in an open transaction: not deliverable."""
+        return self.cursor.is_acked(offset) or (len(self.pending) and self.pending.is_pending(offset))
 
     def rewind(self, offset: int) -> None:
         self.read_offset = max(offset, self.partition.start_offset)
@@ -108,7 +125,21 @@ class Subscription:
         cursor = Cursor(os.path.join(self.path, f"cursor-{partition.index}.log"),
                         self.broker.fsync, initial, partition.start_offset)
         cursor.clamp(partition.end_offset)
-        self.lanes.append(_Lane(partition, cursor))
+        pending_log = RedoLog(os.path.join(self.path, f"pending-{partition.index}.log"), self.broker.fsync)
+        lane = _Lane(partition, cursor, pending_log)
+        try:
+            held = replay_pending(pending_log.replay())
+        except ValueError as e:
+            raise CorruptLogError(pending_log.path, 0, f"pending-ack frame: {e}") from None
+        if pending_log.dropped is not None:
+            pos, reason, n = pending_log.dropped
+            cursor.problems.append(f"{pending_log.path} at byte {pos}: {reason}; {n} bytes cut")
+        for words, (offsets, cumulative) in held.items():
+            txn_id = TxnID.from_words(*words)
+            lane.pending.add(txn_id, offsets)
+            if cumulative >= 0:
+                lane.pending.add_cumulative(txn_id, cumulative)
+        self.lanes.append(lane)
         partition.add_listener(self._on_append)
 
     def _on_append(self, partition) -> None:
@@ -175,7 +206,7 @@ class Subscription:
                 keep.append([start, end, cid])
                 continue
             for off in range(max(start, lane.cursor.mark_delete), end):
-                if not lane.cursor.acked.contains(off):
+                if not lane.settled(off):
                     self._queue_redelivery(lane, off, now)
         lane.ranges = keep
 
@@ -253,7 +284,7 @@ class Subscription:
                 lane.ranges = [r for r in lane.ranges if not (r[2] == cid and start <= r[0] and r[1] <= end)]
             for s, e, _ in expired:
                 for o in range(max(s, lane.cursor.mark_delete), e):
-                    if not lane.cursor.acked.contains(o):
+                    if not lane.settled(o):
                         self._queue_redelivery(lane, o, now)
 
     def _deliver(self, lane: _Lane, consumer, offsets: list, now: float) -> None:
@@ -266,14 +297,14 @@ class Subscription:
         cursor = lane.cursor
         while lane.redeliver and lane.redeliver[0][0] <= now and len(out) < n:
             _, off = heapq.heappop(lane.redeliver)
-            if cursor.is_acked(off) or off in lane.outstanding or off < lane.partition.start_offset:
+            if lane.settled(off) or off in lane.outstanding or off < lane.partition.start_offset:
                 continue
             seg, pos = lane.partition.segment_for(off)
             if seg is None:
                 continue
             info = seg.batch_at(pos)
             msgs = seg.read_messages(pos, off, 1, self.topic.name, lane.partition.index, MessageId,
-                                     info.txn_id)
+                                     _txn_id(info))
             if not msgs or msgs[0].offset != off:
                 continue
             m = msgs[0]
@@ -289,9 +320,9 @@ class Subscription:
             i = lane.buf_i
             chunk = lane.buffer[i:i + n - len(out)]
             lane.buf_i = i + len(chunk)
-            if chunk[0].offset < cursor.mark_delete or len(cursor.acked):
-                # Acknowledged while buffered, or before a restart.
-                chunk = [m for m in chunk if not cursor.is_acked(m.offset)]
+            if chunk[0].offset < cursor.mark_delete or len(cursor.acked) or len(lane.pending):
+                # Acknowledged (or pending in a transaction) while buffered, or before a restart.
+                chunk = [m for m in chunk if not lane.settled(m.offset)]
                 if not chunk:
                     continue
                 offsets = [m.offset for m in chunk]
@@ -310,7 +341,18 @@ class Subscription:
                     if not lane.locate():
                         return None
                 info = lane.seg.batch_at(lane.pos)
-                if info.next_offset <= lane.read_offset or info.is_control:
+                if info.next_offset <= lane.read_offset:
+                    lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
+                    if lane.seg is None:
+                        return None
+                    continue
+                if info.flags & TRANSACTIONAL and (info.is_control or (
+                        self.isolation == "read_committed" and lane.partition.is_aborted(info))):
+                    # Markers, and aborted data under READ_COMMITTED, are
+                    # never delivered: passed over as if acknowledged.
+                    if info.base_offset >= limit:
+                        return None
+                    lane.cursor.skip(info.base_offset, info.next_offset)
                     lane.read_offset = max(lane.read_offset, info.next_offset)
                     lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
                     if lane.seg is None:
@@ -329,7 +371,7 @@ class Subscription:
             try:
                 msgs = lane.seg.read_messages(lane.pos, lane.read_offset, limit - lane.read_offset,
                                               self.topic.name, lane.partition.index, MessageId,
-                                              info.txn_id)
+                                              _txn_id(info))
             except SegmentClosedError:
                 lane.seg = None
                 continue
@@ -404,6 +446,13 @@ class Subscription:
             end = min(info.next_offset, limit, start + max_messages)
             if acked is not None:
                 end = min(end, acked[0])
+            if len(lane.pending):
+                held = lane.pending.next_pending(start)
+                if held == start:
+                    lane.read_offset = start + 1
+                    continue
+                if held > 0:
+                    end = min(end, held)
             try:
                 bufs = lane.seg.arrow_buffers(lane.pos)
             except SegmentClosedError:
@@ -499,6 +548,121 @@ class Subscription:
                 self._queue_redelivery(lane, mid.offset, now + self.nack_delay)
             self.cond.notify_all()
 
+    # -- acknowledging in a transaction -----------------------------------------------
+
+    def _hold(self, lane: _Lane, offsets) -> None:
+        """Take offsets now pending in a transaction out of every dispatch
+        state: no ack timeout, nack or consumer change redelivers them."""
+        pop = lane.outstanding.pop
+        for off in offsets:
+            if pop(off, None) is None and lane.ranges:
+                _cut_from_ranges(lane, off)
+
+    def ack_txn(self, meta, message_ids) -> int:
+        """Acknowledge ``message_ids`` inside transaction ``meta``: checked
+        against every conflict rule first (nothing changes on a conflict),
+        then written to the pending-ack logs. Return how many were new."""
+        try:
+            groups = group_offsets(message_ids if type(message_ids) is list else list(message_ids))
+        except TypeError as e:
+            raise NotAcknowledgeableError(message_ids[0] if message_ids else None, str(e)) from None
+        checked = []
+        for (topic, partition), offsets in groups.items():
+            lane = self._lane_of(MessageId(topic, partition, max(offsets)))
+            self._lane_of(MessageId(topic, partition, min(offsets)))
+            checked.append((lane, offsets))
+        if not checked:
+            return 0
+        self.broker._coordinator_of(meta).register_subscription(meta, self)
+        n = 0
+        with self.cond:
+            meta.check_open("acknowledge")
+            for lane, offsets in checked:
+                bad = lane.pending.conflict_individual(meta.id, offsets, lane.cursor.mark_delete,
+                                                       lane.cursor.acked)
+                if bad is not None:
+                    off, reason, other = bad
+                    raise TransactionConflictError(meta.id, MessageId(self.topic.name, lane.partition.index, off),
+                                                   reason, other)
+            for lane, offsets in checked:
+                new = [o for o in offsets if lane.pending.owner_of(o) is None]
+                if not new:
+                    continue
+                lane.pending_log.append(PA_ACK, pack_txn(*meta.words) + struct.pack("<I", len(new))
+                                        + np.asarray(new, "<i8").tobytes())
+                lane.pending.add(meta.id, new)
+                self._hold(lane, new)
+                n += len(new)
+        return n
+
+    def ack_cumulative_txn(self, meta, message_id) -> None:
+        """Cumulative ack inside transaction ``meta`` (exclusive / failover)."""
+        if self.type == "shared":
+            raise SubscriptionTypeError(self.name, self.type, "exclusive or failover (ack_cumulative)")
+        lane = self._lane_of(message_id)
+        self.broker._coordinator_of(meta).register_subscription(meta, self)
+        with self.cond:
+            meta.check_open("acknowledge")
+            bad = lane.pending.conflict_cumulative(meta.id, message_id.offset, lane.cursor.mark_delete)
+            if bad is not None:
+                off, reason, other = bad
+                raise TransactionConflictError(meta.id, MessageId(self.topic.name, lane.partition.index, off),
+                                               reason, other)
+            lane.pending_log.append(PA_CUMULATIVE, pack_txn(*meta.words) + struct.pack("<q", message_id.offset))
+            lane.pending.add_cumulative(meta.id, message_id.offset)
+            self._hold(lane, [o for o in lane.outstanding if o <= message_id.offset])
+            for r in [r for r in lane.ranges if r[0] <= message_id.offset]:
+                for off in range(r[0], min(r[1], message_id.offset + 1)):
+                    _cut_from_ranges(lane, off)
+
+    def pending_txns(self) -> set:
+        """TxnIDs with acks pending on any partition of this subscription."""
+        with self.cond:
+            return set().union(*(lane.pending.txns() for lane in self.lanes))
+
+    def prepare_txn(self, txn_id) -> None:
+        """Make the pending acks of ``txn_id`` durable (commit, step 1);
+        concurrent commits share each log's fdatasync."""
+        with self.cond:
+            logs = [(lane.pending_log, lane.pending_log.written) for lane in self.lanes
+                    if txn_id in lane.pending.txns()]
+        for plog, mark in logs:
+            plog.sync_to(mark)
+
+    def end_txn(self, txn_id, commit: bool) -> None:
+        """Apply (commit) or drop (abort) the acks ``txn_id`` holds here. On
+        abort the messages become deliverable again with redelivery count
+        + 1. Ending twice changes nothing."""
+        now = time.monotonic()
+        frame = pack_txn(*txn_id.words)
+        with self.cond:
+            for lane in self.lanes:
+                offsets, cumulative = lane.pending.take(txn_id)
+                if not offsets and cumulative < 0:
+                    continue
+                if commit:
+                    if cumulative >= 0:
+                        lane.cursor.ack_cumulative(cumulative)
+                    if offsets:
+                        lane.cursor.ack(offsets)
+                    md = lane.cursor.mark_delete
+                    for table in (lane.outstanding, lane.redelivery_count):
+                        for off in [o for o in table if o < md or lane.cursor.acked.contains(o)]:
+                            del table[off]
+                    self._trim_ranges(lane)
+                else:
+                    again = set(offsets)
+                    if cumulative >= 0:
+                        again.update(range(lane.cursor.mark_delete, cumulative + 1))
+                    for off in sorted(again):
+                        if (off < lane.read_offset and not lane.settled(off)
+                                and off not in lane.outstanding):
+                            self._queue_redelivery(lane, off, now)
+                lane.pending_log.append(PA_COMMIT if commit else PA_ABORT, frame)
+                if lane.pending_log.frames_since_snapshot >= COMPACT_FRAMES:
+                    lane.pending_log.compact(lane.pending.to_bytes())
+            self.cond.notify_all()
+
     # -- seeking -----------------------------------------------------------------
 
     def seek(self, partition: int | None, where) -> None:
@@ -558,6 +722,14 @@ class Subscription:
             for lane in self.lanes:
                 lane.partition.remove_listener(self._on_append)
                 lane.cursor.close()
+                lane.pending_log.close()
+
+
+def _txn_id(info):
+    """The TxnID of a batch header, or None outside transactions."""
+    if info.flags & TRANSACTIONAL:
+        return TxnID.from_words(info.txn_hi, info.txn_lo)
+    return None
 
 
 def _min(a, b):

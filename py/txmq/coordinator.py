@@ -1,0 +1,287 @@
+"""Transaction coordinators (DESIGN.md §3).
+
+Each coordinator owns a transaction log ``<data>/coordinator/tc-<id>.log``
+(the shared framed redo log; docs/FORMAT.md has the frames) and a timeout
+tracker. Ending a transaction is two-phase:
+
+1. prepare: every participant's data and pending acks are durable;
+2. decide: COMMITTING / ABORTING is appended to the log (and, for a commit,
+   made durable: this is the commit point);
+3. fan out: every partition writes its marker, every subscription applies or
+   drops its pending acks; a participant that fails is retried by the
+   broker's scheduler until it succeeds;
+4. the final COMMITTED / ABORTED record; the transaction is forgotten.
+
+``commit()`` returns after step 3. Recovery (driven by the broker) redoes
+step 3 for every decided transaction and aborts every other one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import struct
+import threading
+import time
+
+from txmq import crashpoints
+from txmq._redolog import RedoLog
+from txmq._txn import (ABORTING, COMMITTING, OPEN, TC_ABORTED, TC_ABORTING,
+                       TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING,
+                       encode_coordinator_snapshot, encode_text, pack_txn, replay_coordinator)
+from txmq.errors import BrokerClosedError, CorruptLogError
+from txmq.txn import TxnID, TxnMeta, TxnState
+
+log = logging.getLogger("txmq.coordinator")
+
+# The log is rewritten as a snapshot of the live transactions once it holds
+# this many frames, so replay on open stays short however many ended.
+COMPACT_FRAMES = 20_000
+_TIMES = struct.Struct("<qq")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TransactionCoordinator:
+    """One coordinator: its log, its live transactions, their timeouts."""
+
+    def __init__(self, broker, coordinator_id: int, path: str, fsync: str):
+        self.broker = broker
+        self.id = coordinator_id
+        self.fsync = fsync
+        self.log = RedoLog(path, fsync)
+        self.lock = threading.Lock()
+        self.txns: dict[TxnID, TxnMeta] = {}
+        self.next_seq = 1
+        self._timeouts: list = []          # heap of (deadline, sequence)
+        self._touched: dict = {}           # partitions with markers since the last compaction
+        self._retry: dict[TxnID, tuple] = {}  # transactions whose fan-out must be retried
+        self.problems: list[str] = []
+        self.stats = {"begun": 0, "committed": 0, "aborted": 0, "timed_out": 0}
+
+    # -- recovery --------------------------------------------------------------
+
+    def replay(self) -> dict:
+        """The log's transactions as ``{TxnID: [state, timeout_ms, start_ms,
+        partitions, subscriptions]}`` (see :func:`replay_coordinator`)."""
+        frames = self.log.replay()
+        if self.log.dropped is not None:
+            pos, reason, n = self.log.dropped
+            self.problems.append(f"{self.log.path} at byte {pos}: {reason}; {n} bytes cut")
+            log.warning("txmq: coordinator log %s", self.problems[-1])
+        try:
+            next_lo, txns = replay_coordinator(frames)
+        except ValueError as e:
+            raise CorruptLogError(self.log.path, 0, f"coordinator frame: {e}") from None
+        self.next_seq = max(self.next_seq, next_lo, 1)
+        return {TxnID.from_words(*words): entry for words, entry in txns.items()}
+
+    def saw(self, sequence: int) -> None:
+        """A participant knows ``sequence``: never hand it out again."""
+        if sequence >= self.next_seq:
+            self.next_seq = sequence + 1
+
+    def record_decision(self, txn_id: TxnID, commit: bool) -> None:
+        with self.lock:
+            self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*txn_id.words))
+
+    def finish_recovery(self) -> None:
+        """Every recovered transaction is applied (and, unless fsync is
+        "never", its markers are durable): the log restarts as an empty
+        snapshot."""
+        with self.lock:
+            self._compact()
+
+    # -- beginning and registering -------------------------------------------------
+
+    def begin(self, timeout: float) -> TxnMeta:
+        start = now_ms()
+        with self.lock:
+            seq = self.next_seq
+            self.next_seq += 1
+            meta = TxnMeta(TxnID(self.id, seq), timeout, start, time.monotonic() + timeout)
+            self.log.append(TC_BEGIN, pack_txn(*meta.words) + _TIMES.pack(int(timeout * 1000), start))
+            self.txns[meta.id] = meta
+            heapq.heappush(self._timeouts, (meta.deadline, seq))
+            if len(self._timeouts) > 2 * len(self.txns) + 1024:
+                self._timeouts = [(m.deadline, m.id.sequence) for m in self.txns.values()]
+                heapq.heapify(self._timeouts)
+            self.stats["begun"] += 1
+            self._maybe_compact()
+        return meta
+
+    def register_partition(self, meta: TxnMeta, partition) -> None:
+        """ADD_PARTITION, logged before the transaction's first append there."""
+        key = (partition.topic, partition.index)
+        with meta.lock:
+            meta.check_open("send")
+            if key in meta.partitions:
+                return
+            with self.lock:
+                self.log.append(TC_ADD_PARTITION, pack_txn(*meta.words) + encode_text(partition.topic)
+                                + struct.pack("<I", partition.index))
+            meta.partitions[key] = partition
+
+    def register_subscription(self, meta: TxnMeta, subscription) -> None:
+        """ADD_SUBSCRIPTION, logged before the transaction's first ack there."""
+        key = (subscription.topic.name, subscription.name)
+        with meta.lock:
+            meta.check_open("acknowledge")
+            if key in meta.subscriptions:
+                return
+            with self.lock:
+                self.log.append(TC_ADD_SUBSCRIPTION, pack_txn(*meta.words) + encode_text(key[0])
+                                + encode_text(key[1]))
+            meta.subscriptions[key] = subscription
+
+    # -- ending ----------------------------------------------------------------------
+
+    def end(self, meta: TxnMeta, commit: bool, reason: str | None = None) -> None:
+        """Commit or abort ``meta`` (the four steps of the module docstring).
+
+        ``reason`` marks an abort the broker made ("timeout", "forced");
+        aborting a transaction the broker already aborted is then a no-op.
+        """
+        with meta.lock:
+            if meta.state is not TxnState.OPEN:
+                if not commit and reason is None and meta.reason is not None and \
+                        meta.state in (TxnState.ABORTING, TxnState.ABORTED):
+                    return       # the broker aborted it first: the caller's wish holds
+                raise meta.not_open("commit" if commit else "abort")
+            meta.state = TxnState.COMMITTING if commit else TxnState.ABORTING
+            if reason is not None:
+                meta.reason = reason
+                meta.timed_out = reason == "timeout"
+        parts = list(meta.partitions.values())
+        subs = list(meta.subscriptions.values())
+        # Operations that passed their check under a participant's lock have
+        # finished once we hold that lock; later ones see the new state.
+        for p in parts:
+            with p.lock:
+                pass
+        for s in subs:
+            with s.cond:
+                pass
+        if commit:
+            if self.fsync != "never":
+                for p in parts:
+                    p.sync_to(p.end_offset)
+                for s in subs:
+                    s.prepare_txn(meta.id)
+            crashpoints.reached("txn.prepared")
+        with self.lock:
+            self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*meta.words))
+            meta.decided = commit
+            mark = self.log.written
+        if commit:
+            self.log.sync_to(mark)         # the commit point
+            crashpoints.reached("txn.decided")
+        if self._apply(meta.id, commit, parts, subs):
+            self._finish(meta, commit)
+
+    def _apply(self, txn_id: TxnID, commit: bool, parts: list, subs: list) -> bool:
+        """Step 3; False when a participant failed (queued for a retry)."""
+        failed_parts, failed_subs = [], []
+        for i, p in enumerate(parts):
+            try:
+                p.end_txn(txn_id.words, commit)
+                self._touched[id(p)] = p
+            except Exception as e:     # retried by the scheduler until it succeeds
+                if not self.broker._participant_exists(p):
+                    continue
+                log.warning("txmq: %s of %s on %s/%d failed, will retry: %s",
+                            "commit" if commit else "abort", txn_id, p.topic, p.index, e)
+                failed_parts.append(p)
+            if i == 0:
+                crashpoints.reached("txn.markers_half")
+        for s in subs:
+            try:
+                s.end_txn(txn_id, commit)
+            except Exception as e:
+                if not self.broker._participant_exists(s):
+                    continue
+                log.warning("txmq: %s of %s on subscription %s failed, will retry: %s",
+                            "commit" if commit else "abort", txn_id, s.name, e)
+                failed_subs.append(s)
+        crashpoints.reached("txn.applied")
+        if failed_parts or failed_subs:
+            with self.lock:
+                self._retry[txn_id] = (commit, failed_parts, failed_subs)
+            return False
+        return True
+
+    def _finish(self, meta: TxnMeta, commit: bool) -> None:
+        with self.lock:
+            self.log.append(TC_COMMITTED if commit else TC_ABORTED, pack_txn(*meta.words))
+            self.txns.pop(meta.id, None)
+            self.stats["committed" if commit else "aborted"] += 1
+            self._maybe_compact()
+        with meta.lock:
+            meta.state = TxnState.COMMITTED if commit else TxnState.ABORTED
+
+    def retry_pending(self) -> None:
+        """Run again the fan-out of transactions whose participants failed."""
+        with self.lock:
+            todo = list(self._retry.items())
+        for txn_id, (commit, parts, subs) in todo:
+            with self.lock:
+                self._retry.pop(txn_id, None)
+            meta = self.txns.get(txn_id)
+            if self._apply(txn_id, commit, parts, subs) and meta is not None:
+                self._finish(meta, commit)
+
+    # -- timeouts ------------------------------------------------------------------
+
+    def expire(self) -> int:
+        """Abort every OPEN transaction past its timeout; return how many."""
+        now = time.monotonic()
+        due = []
+        with self.lock:
+            while self._timeouts and self._timeouts[0][0] <= now:
+                _, seq = heapq.heappop(self._timeouts)
+                meta = self.txns.get(TxnID(self.id, seq))
+                if meta is not None and meta.state is TxnState.OPEN:
+                    due.append(meta)
+        n = 0
+        for meta in due:
+            try:
+                self.end(meta, False, reason="timeout")
+                n += 1
+            except (BrokerClosedError,):
+                return n
+            except Exception as e:  # ended meanwhile by its owner
+                log.debug("txmq: timeout of %s: %s", meta.id, e)
+        if n:
+            with self.lock:
+                self.stats["timed_out"] += n
+        return n
+
+    # -- compaction ------------------------------------------------------------------
+
+    def _maybe_compact(self) -> None:
+        if self.log.frames_since_snapshot >= COMPACT_FRAMES:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rewrite the log as a snapshot of the live transactions (TC lock
+        held). Markers written since the last compaction are made durable
+        first: once the log forgets a decision, the partitions must not need
+        it again."""
+        if self.fsync != "never":
+            for p in self._touched.values():
+                try:
+                    p.sync_to(p.end_offset)
+                except BrokerClosedError:
+                    pass
+        self._touched.clear()
+        live = {}
+        for meta in self.txns.values():
+            state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING
+            live[meta.words] = [state, int(meta.timeout * 1000), meta.start_ms,
+                                set(meta.partitions), set(meta.subscriptions)]
+        self.log.compact(encode_coordinator_snapshot(self.next_seq, live))
+
+    def close(self) -> None:
+        self.log.close()

@@ -1,0 +1,29 @@
+"""Named crash points for the crash tests.
+
+``TXMQ_CRASH_AT=name[,name...]`` in the environment makes the process kill
+itself with SIGKILL when it reaches one of those points (``name@n``: at the
+n-th time it gets there). Unset, :func:`reached` is one set lookup.
+
+Points: ``txn.prepared`` (participants durable, no decision yet),
+``txn.decided`` (decision durable, no marker written), ``txn.markers_half``
+(after the first participant applied the outcome), ``txn.applied`` (every
+participant applied, final record not written).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_POINTS: dict[str, int] = {}
+for item in filter(None, os.environ.get("TXMQ_CRASH_AT", "").split(",")):
+    name, _, nth = item.partition("@")
+    _POINTS[name.strip()] = int(nth) if nth else 1
+
+
+def reached(name: str) -> None:
+    """SIGKILL this process if ``name`` is armed and this is its n-th visit."""
+    if _POINTS and name in _POINTS:
+        _POINTS[name] -= 1
+        if _POINTS[name] <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,79 @@
+"""The transaction handle of the embedded API (DESIGN.md §10)."""
+
+from __future__ import annotations
+
+import time
+
+from txmq.txn import TxnID, TxnState
+
+
+class Transaction:
+    """An open transaction. Create it with :meth:`txmq.Broker.new_transaction`
+    or ``with broker.transaction() as txn:`` (commit on normal exit, abort on
+    an exception).
+
+    Pass it as ``txn=`` to :meth:`Producer.send`, :meth:`Producer.send_batch`,
+    :meth:`Consumer.ack` and :meth:`Consumer.ack_cumulative`. Its messages and
+    acks take effect together at :meth:`commit`, or not at all.
+    """
+
+    __slots__ = ("_broker", "_coordinator", "_meta")
+
+    def __init__(self, broker, coordinator, meta):
+        self._broker = broker
+        self._coordinator = coordinator
+        self._meta = meta
+
+    @property
+    def id(self) -> TxnID:
+        """The TxnID: ``.coordinator`` and ``.sequence``, printed ``(tc,seq)``."""
+        return self._meta.id
+
+    @property
+    def state(self) -> TxnState:
+        """OPEN, COMMITTING, COMMITTED, ABORTING or ABORTED."""
+        return self._meta.state
+
+    @property
+    def timeout(self) -> float:
+        """Seconds after :meth:`Broker.new_transaction` at which the
+        coordinator aborts it if it is still open."""
+        return self._meta.timeout
+
+    def commit(self) -> None:
+        """Make every message and ack of the transaction take effect. On
+        return they are visible to readers and survive a crash.
+
+        Raises :class:`~txmq.errors.TransactionTimeoutError` if the
+        transaction timed out, :class:`~txmq.errors.InvalidTxnStateError` if
+        it is not open."""
+        self._broker._check_open()
+        self._coordinator.end(self._meta, True)
+
+    def abort(self) -> None:
+        """Discard the transaction's messages; its acked messages become
+        deliverable again (redelivery count + 1). Aborting a transaction the
+        broker already aborted (timeout, force-abort) does nothing."""
+        self._broker._check_open()
+        self._coordinator.end(self._meta, False)
+
+    def _checked_meta(self, broker):
+        """The record for an operation through ``broker`` (same broker only)."""
+        if broker is not self._broker:
+            from txmq.errors import InvalidArgumentError
+            raise InvalidArgumentError("txn", self, "a transaction of the same broker")
+        return self._meta
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.commit()
+        elif self._meta.state is TxnState.OPEN and not self._broker.closed:
+            self.abort()
+        return False
+
+    def __repr__(self) -> str:
+        age = time.monotonic() - (self._meta.deadline - self._meta.timeout)
+        return f"Transaction({self.id}, {self.state.value}, age={age:.1f}s)"

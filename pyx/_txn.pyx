@@ -1,0 +1,695 @@
+# cython: boundscheck=False, wraparound=False
+"""Transaction data structures of the Cython core (DESIGN.md §3).
+
+- :class:`OngoingQueue`: the open transactions of one partition in order of
+  their first offset; its head is maxReadPosition (Kafka's last stable
+  offset). First offsets are appended in increasing order, so it is a FIFO
+  with lazy removal: ending any transaction is O(1) and advancing the head
+  is amortised O(1).
+- :class:`AbortSet`: the aborted transactions of one partition that still
+  have data in retained segments, as one bitmap per coordinator over the
+  sequence numbers, with vectorised lookups and trimming by offset.
+- :class:`PendingAckTable`: the acknowledgements held by open transactions
+  on one subscription partition, with the conflict rules of §3.
+- :func:`replay_coordinator` / :func:`replay_pending`: rebuild the state of
+  a coordinator log / a pending-ack log from its frames.
+
+A transaction id travels here as its two 64-bit words ``(hi, lo)``: the
+coordinator id is the top 16 bits of ``hi``, the sequence the other 112
+bits. No policy and no threads: callers hold their own locks.
+"""
+from libc.stdint cimport int64_t, uint64_t, uint8_t, uint32_t, uint16_t
+from libc.string cimport memmove
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+
+import numpy as np
+
+from _bytes cimport load_u16, load_u32, load_i64, load_u64, store_u32, store_i64, store_u64
+
+# Frame types of a coordinator log (SNAPSHOT = 1 is the redo log's own).
+TC_BEGIN, TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION = 2, 3, 4
+TC_COMMITTING, TC_ABORTING, TC_COMMITTED, TC_ABORTED = 5, 6, 7, 8
+# Frame types of a pending-ack log.
+PA_ACK, PA_CUMULATIVE, PA_COMMIT, PA_ABORT = 2, 3, 4, 5
+
+# Transaction states as stored in a coordinator snapshot.
+OPEN, COMMITTING, ABORTING, COMMITTED, ABORTED = 0, 1, 2, 3, 4
+
+cdef uint64_t SEQ_HI_MASK = (<uint64_t>1 << 48) - 1
+
+
+def txn_words(coordinator, sequence):
+    """The (hi, lo) words of transaction ``(coordinator, sequence)``."""
+    if not 0 <= coordinator < (1 << 16) or not 0 <= sequence < (1 << 112):
+        raise ValueError(f"transaction id ({coordinator},{sequence}) out of range")
+    return (coordinator << 48) | (sequence >> 64), sequence & 0xFFFFFFFFFFFFFFFF
+
+
+def txn_parts(uint64_t hi, uint64_t lo):
+    """(coordinator, sequence) of the words ``(hi, lo)``."""
+    return int(hi >> 48), (int(hi & SEQ_HI_MASK) << 64) | int(lo)
+
+
+# -- the ongoing-transaction FIFO ------------------------------------------------
+
+cdef class OngoingQueue:
+    """Open transactions of one partition, oldest first offset first."""
+
+    cdef object _hi, _lo, _first, _since, _alive     # numpy columns (capacity)
+    cdef uint64_t *hi
+    cdef uint64_t *lo
+    cdef int64_t *first
+    cdef int64_t *since
+    cdef uint8_t *alive
+    cdef Py_ssize_t head, tail, cap
+    cdef int64_t origin           # absolute position of column index 0
+    cdef dict slot                # (hi, lo) -> absolute position
+
+    def __cinit__(self):
+        self.slot = {}
+        self._grow(64)
+
+    cdef _grow(self, Py_ssize_t cap):
+        cdef uint64_t[::1] h, l
+        cdef int64_t[::1] f, s
+        cdef uint8_t[::1] a
+        cols = [np.zeros(cap, np.uint64), np.zeros(cap, np.uint64), np.zeros(cap, np.int64),
+                np.zeros(cap, np.int64), np.zeros(cap, np.uint8)]
+        n = self.tail - self.head
+        if self.cap:
+            for new, old in zip(cols, (self._hi, self._lo, self._first, self._since, self._alive)):
+                new[:n] = old[self.head:self.tail]
+        self._hi, self._lo, self._first, self._since, self._alive = cols
+        h, l, f, s, a = cols
+        self.hi, self.lo, self.first, self.since, self.alive = &h[0], &l[0], &f[0], &s[0], &a[0]
+        self.origin += self.head
+        self.tail = n
+        self.head = 0
+        self.cap = cap
+
+    def __len__(self):
+        return len(self.slot)
+
+    def contains(self, uint64_t hi, uint64_t lo):
+        return (hi, lo) in self.slot
+
+    def add(self, uint64_t hi, uint64_t lo, int64_t first_offset, int64_t since_ms=0):
+        """Record that transaction (hi, lo) has data from ``first_offset`` on
+        (at or past every first offset recorded before); False when it was
+        already there."""
+        key = (hi, lo)
+        if key in self.slot:
+            return False
+        if self.tail > self.head and first_offset < self.first[self.tail - 1]:
+            raise ValueError(f"first offset {first_offset} is below the newest "
+                             f"{self.first[self.tail - 1]}")
+        if self.tail == self.cap:
+            n = self.tail - self.head
+            self._grow(self.cap * 2 if n * 2 > self.cap else self.cap)
+        cdef Py_ssize_t i = self.tail
+        self.hi[i], self.lo[i], self.first[i], self.since[i], self.alive[i] = hi, lo, first_offset, since_ms, 1
+        self.tail += 1
+        self.slot[key] = self.origin + i
+        return True
+
+    def remove(self, uint64_t hi, uint64_t lo):
+        """End transaction (hi, lo) here; its first offset, or -1 when it had
+        no data here."""
+        pos = self.slot.pop((hi, lo), None)
+        if pos is None:
+            return -1
+        cdef Py_ssize_t i = pos - self.origin
+        self.alive[i] = 0
+        cdef int64_t first = self.first[i]
+        while self.head < self.tail and not self.alive[self.head]:
+            self.head += 1
+        if self.head == self.tail:
+            self.head = self.tail = 0
+            self.origin = pos + 1
+        return first
+
+    def first_offset_of(self, uint64_t hi, uint64_t lo):
+        pos = self.slot.get((hi, lo))
+        return -1 if pos is None else self.first[pos - self.origin]
+
+    cpdef int64_t max_read_position(self, int64_t end_offset):
+        """The first offset of the oldest open transaction, or ``end_offset``."""
+        if self.head < self.tail:
+            return self.first[self.head]
+        return end_offset
+
+    def oldest(self):
+        """(hi, lo, first offset, since ms) of the oldest open transaction, or None."""
+        if self.head == self.tail:
+            return None
+        cdef Py_ssize_t i = self.head
+        return (self.hi[i], self.lo[i], self.first[i], self.since[i])
+
+    def entries(self):
+        """[(hi, lo, first offset, since ms)] of every open transaction, oldest first."""
+        cdef Py_ssize_t i
+        return [(self.hi[i], self.lo[i], self.first[i], self.since[i])
+                for i in range(self.head, self.tail) if self.alive[i]]
+
+    def to_bytes(self):
+        """u32 count, then (u64 hi, u64 lo, i64 first offset, i64 since ms) each."""
+        entries = self.entries()
+        out = PyBytes_FromStringAndSize(NULL, 4 + 32 * len(entries))
+        cdef char *p = PyBytes_AS_STRING(out)
+        store_u32(p, len(entries))
+        p += 4
+        for h, l, f, s in entries:
+            store_u64(p, h); store_u64(p + 8, l); store_i64(p + 16, f); store_i64(p + 24, s)
+            p += 32
+        return out
+
+    @staticmethod
+    def from_bytes(data):
+        """Inverse of :meth:`to_bytes`; returns (queue, bytes consumed)."""
+        cdef const uint8_t[::1] v = data
+        if v.shape[0] < 4:
+            raise ValueError("ongoing table shorter than its count")
+        cdef const char *p = <const char *>&v[0]
+        cdef uint32_t n = load_u32(p), k
+        if v.shape[0] < 4 + 32 * <Py_ssize_t>n:
+            raise ValueError(f"ongoing table of {n} entries has {v.shape[0]} bytes")
+        q = OngoingQueue()
+        for k in range(n):
+            q.add(load_u64(p + 4 + 32 * k), load_u64(p + 12 + 32 * k),
+                  load_i64(p + 20 + 32 * k), load_i64(p + 28 + 32 * k))
+        return q, 4 + 32 * n
+
+
+# -- the abort set -----------------------------------------------------------------
+
+cdef class _Bitmap:
+    """Bits over sequence numbers from ``base`` (a multiple of 64) on."""
+    cdef object _words
+    cdef uint64_t *w
+    cdef Py_ssize_t n
+    cdef uint64_t base
+    cdef Py_ssize_t count
+
+    def __cinit__(self):
+        self._set_words(np.zeros(4, np.uint64))
+        self.base = 0
+
+    cdef _set_words(self, arr):
+        cdef uint64_t[::1] v = arr
+        self._words = arr
+        self.w = &v[0]
+        self.n = len(arr)
+
+    cdef bint has(self, uint64_t seq) noexcept nogil:
+        if seq < self.base:
+            return False
+        cdef uint64_t k = (seq - self.base) >> 6
+        if k >= <uint64_t>self.n:
+            return False
+        return (self.w[k] >> ((seq - self.base) & 63)) & 1
+
+    cdef add(self, uint64_t seq):
+        cdef uint64_t k, shift
+        if self.count == 0:
+            self.base = seq & ~(<uint64_t>63)
+            self._words[:] = 0
+        elif seq < self.base:
+            shift = ((self.base - seq + 63) >> 6)
+            arr = np.zeros(self.n + shift, np.uint64)
+            arr[shift:] = self._words
+            self._set_words(arr)
+            self.base -= shift << 6
+        k = (seq - self.base) >> 6
+        if k >= <uint64_t>self.n:
+            arr = np.zeros(max(k + 1, 2 * self.n), np.uint64)
+            arr[:self.n] = self._words
+            self._set_words(arr)
+        if not (self.w[k] >> ((seq - self.base) & 63)) & 1:
+            self.w[k] |= (<uint64_t>1) << ((seq - self.base) & 63)
+            self.count += 1
+
+    cdef discard(self, uint64_t seq):
+        if not self.has(seq):
+            return
+        cdef uint64_t k = (seq - self.base) >> 6
+        self.w[k] &= ~((<uint64_t>1) << ((seq - self.base) & 63))
+        self.count -= 1
+        # Drop leading empty words once they are half the map.
+        cdef Py_ssize_t z = 0
+        while z < self.n and self.w[z] == 0:
+            z += 1
+        if self.count == 0 or (z > 4 and z * 2 > self.n):
+            arr = np.zeros(max(4, self.n - z), np.uint64)
+            if self.count:
+                arr[:self.n - z] = self._words[z:]
+                self.base += <uint64_t>z << 6
+            self._set_words(arr)
+
+
+cdef class AbortSet:
+    """Aborted transactions with data in the retained log of one partition.
+
+    Each entry also keeps its first offset and its ABORT marker's offset:
+    :meth:`trim_below` drops the transactions whose marker lies below the
+    log start (none of their data is left), and :meth:`overlapping` answers
+    Kafka's aborted-transactions question for an offset range.
+    """
+    cdef dict maps                 # coordinator -> _Bitmap
+    cdef list order                # [(marker offset, first offset, hi, lo)], marker order
+    cdef Py_ssize_t start          # entries before it are trimmed
+    cdef public uint64_t version   # bumped on every change (readers cache by it)
+
+    def __cinit__(self):
+        self.maps = {}
+        self.order = []
+
+    def __len__(self):
+        return len(self.order) - self.start
+
+    cdef _Bitmap _map(self, uint64_t hi, bint create):
+        tc = hi >> 48
+        bm = self.maps.get(tc)
+        if bm is None and create:
+            bm = _Bitmap()
+            self.maps[tc] = bm
+        return bm
+
+    def add(self, uint64_t hi, uint64_t lo, int64_t first_offset, int64_t marker_offset):
+        """Record the abort of (hi, lo); its data spans [first_offset, marker_offset)."""
+        if hi & SEQ_HI_MASK:
+            raise ValueError("sequence numbers of 2**64 and above are not supported")
+        cdef _Bitmap bm = self._map(hi, True)
+        if bm.has(lo):
+            return
+        bm.add(lo)
+        self.order.append((marker_offset, first_offset, hi, lo))
+        self.version += 1
+
+    def contains(self, uint64_t hi, uint64_t lo):
+        if hi & SEQ_HI_MASK:
+            return False
+        cdef _Bitmap bm = self._map(hi, False)
+        return bm is not None and bm.has(lo)
+
+    def contains_many(self, hi, lo):
+        """Vectorised :meth:`contains` over uint64 arrays of words; a bool array."""
+        cdef const uint64_t[::1] h = np.ascontiguousarray(hi, np.uint64)
+        cdef const uint64_t[::1] l = np.ascontiguousarray(lo, np.uint64)
+        if h.shape[0] != l.shape[0]:
+            raise ValueError("hi and lo differ in length")
+        out = np.zeros(h.shape[0], np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        cdef Py_ssize_t i, n = h.shape[0]
+        cdef _Bitmap bm
+        cdef uint64_t want
+        for tc, bm in self.maps.items():
+            want = (<uint64_t>tc) << 48
+            with nogil:
+                for i in range(n):
+                    if h[i] == want and bm.has(l[i]):
+                        o[i] = 1
+        return out
+
+    def trim_below(self, int64_t start_offset):
+        """Forget the transactions whose ABORT marker is below ``start_offset``
+        (retention deleted all their data); return how many."""
+        cdef Py_ssize_t k = 0
+        cdef _Bitmap bm
+        while self.start < len(self.order) and self.order[self.start][0] < start_offset:
+            _, _, hi, lo = self.order[self.start]
+            bm = self._map(hi, False)
+            bm.discard(lo)
+            self.start += 1
+            k += 1
+        if self.start > 1024 and self.start * 2 > len(self.order):
+            del self.order[:self.start]
+            self.start = 0
+        if k:
+            self.version += 1
+        return k
+
+    def overlapping(self, int64_t from_offset, int64_t to_offset):
+        """[(hi, lo, first offset, marker offset)] of aborted transactions
+        whose data overlaps [from_offset, to_offset)."""
+        return [(hi, lo, f, m) for m, f, hi, lo in self.order[self.start:]
+                if f < to_offset and m >= from_offset]
+
+    def entries(self):
+        """[(hi, lo, first offset, marker offset)] in marker order."""
+        return [(hi, lo, f, m) for m, f, hi, lo in self.order[self.start:]]
+
+    def to_bytes(self):
+        """u32 count, then (u64 hi, u64 lo, i64 first offset, i64 marker offset) each."""
+        entries = self.entries()
+        out = PyBytes_FromStringAndSize(NULL, 4 + 32 * len(entries))
+        cdef char *p = PyBytes_AS_STRING(out)
+        store_u32(p, len(entries))
+        p += 4
+        for h, l, f, m in entries:
+            store_u64(p, h); store_u64(p + 8, l); store_i64(p + 16, f); store_i64(p + 24, m)
+            p += 32
+        return out
+
+    @staticmethod
+    def from_bytes(data):
+        """Inverse of :meth:`to_bytes`; returns (set, bytes consumed)."""
+        cdef const uint8_t[::1] v = data
+        if v.shape[0] < 4:
+            raise ValueError("abort table shorter than its count")
+        cdef const char *p = <const char *>&v[0]
+        cdef uint32_t n = load_u32(p), k
+        if v.shape[0] < 4 + 32 * <Py_ssize_t>n:
+            raise ValueError(f"abort table of {n} entries has {v.shape[0]} bytes")
+        s = AbortSet()
+        for k in range(n):
+            s.add(load_u64(p + 4 + 32 * k), load_u64(p + 12 + 32 * k),
+                  load_i64(p + 20 + 32 * k), load_i64(p + 28 + 32 * k))
+        return s, 4 + 32 * n
+
+
+# -- pending acknowledgements --------------------------------------------------------
+
+cdef class PendingAckTable:
+    """Acks held by open transactions on one subscription partition.
+
+    ``txn`` keys are opaque hashable objects (the broker passes TxnIDs).
+    Conflict checks return ``(offset, reason, other txn)`` or None and
+    change nothing; the caller then records with :meth:`add` /
+    :meth:`add_cumulative` after the ack is in the pending-ack log.
+    """
+    cdef dict owner          # offset -> txn (individual acks)
+    cdef dict indiv          # txn -> list of offsets
+    cdef dict cumulative     # txn -> offset (everything at or below it)
+    cdef dict low            # txn -> lowest individual offset
+
+    def __cinit__(self):
+        self.owner = {}
+        self.indiv = {}
+        self.cumulative = {}
+        self.low = {}
+
+    def __len__(self):
+        return len(self.owner) + len(self.cumulative)
+
+    def txns(self):
+        return set(self.indiv) | set(self.cumulative)
+
+    def owner_of(self, int64_t offset):
+        """The transaction holding ``offset``, or None."""
+        t = self.owner.get(offset)
+        if t is not None:
+            return t
+        for t, c in self.cumulative.items():
+            if offset <= c:
+                return t
+        return None
+
+    def is_pending(self, int64_t offset):
+        if offset in self.owner:
+            return True
+        for c in self.cumulative.values():
+            if offset <= c:
+                return True
+        return False
+
+    def next_pending(self, int64_t start):
+        """The lowest pending offset at or above ``start``, or -1."""
+        for c in self.cumulative.values():
+            if c >= start:
+                return start
+        cdef int64_t best = -1, o
+        for o in self.owner:
+            if o >= start and (best < 0 or o < best):
+                best = o
+        return best
+
+    def conflict_individual(self, txn, offsets, int64_t mark_delete, acked):
+        """Why acking ``offsets`` in ``txn`` conflicts, or None."""
+        cdef int64_t o
+        for o in offsets:
+            if o < mark_delete or acked.contains(o):
+                return (o, "already acknowledged", None)
+            t = self.owner.get(o)
+            if t is not None and t != txn:
+                return (o, "pending in another transaction", t)
+            for t, c in self.cumulative.items():
+                if t != txn and o <= c:
+                    return (o, "covered by another transaction's cumulative ack", t)
+        return None
+
+    def conflict_cumulative(self, txn, int64_t offset, int64_t mark_delete):
+        """Why a cumulative ack at ``offset`` in ``txn`` conflicts, or None."""
+        if offset < mark_delete:
+            return (offset, "already acknowledged", None)
+        for t, lowest in self.low.items():
+            if t != txn and lowest <= offset:
+                return (lowest, "pending in another transaction", t)
+        for t in self.cumulative:
+            if t != txn:
+                return (self.cumulative[t], "another transaction holds a cumulative ack", t)
+        return None
+
+    def add(self, txn, offsets):
+        """Hold ``offsets`` in ``txn``; return those that were new to it."""
+        cdef int64_t o
+        new = []
+        mine = self.indiv.get(txn)
+        if mine is None:
+            mine = self.indiv[txn] = []
+        for o in offsets:
+            if o not in self.owner:
+                self.owner[o] = txn
+                mine.append(o)
+                new.append(o)
+        if new:
+            m = min(new)
+            if txn not in self.low or m < self.low[txn]:
+                self.low[txn] = m
+        elif not mine:
+            del self.indiv[txn]
+        return new
+
+    def add_cumulative(self, txn, int64_t offset):
+        if offset > self.cumulative.get(txn, -1):
+            self.cumulative[txn] = offset
+
+    def take(self, txn):
+        """Remove and return (individual offsets, cumulative offset or -1) of ``txn``."""
+        offs = self.indiv.pop(txn, [])
+        for o in offs:
+            del self.owner[o]
+        self.low.pop(txn, None)
+        return offs, self.cumulative.pop(txn, -1)
+
+    def to_bytes(self):
+        """u32 txn count, then per txn: u64 hi, u64 lo, i64 cumulative (-1:
+        none), u32 n, n i64 offsets. ``txn`` objects must have ``.words``."""
+        parts = [b""]
+        txns = self.txns()
+        count = 0
+        for t in txns:
+            hi, lo = t.words
+            offs = self.indiv.get(t, [])
+            parts.append(_pack_txn(hi, lo) + _pack_i64(self.cumulative.get(t, -1))
+                         + _pack_u32(len(offs)) + np.asarray(offs, "<i8").tobytes())
+            count += 1
+        parts[0] = _pack_u32(count)
+        return b"".join(parts)
+
+
+cdef bytes _pack_u32(uint32_t v):
+    out = PyBytes_FromStringAndSize(NULL, 4)
+    store_u32(PyBytes_AS_STRING(out), v)
+    return out
+
+
+cdef bytes _pack_i64(int64_t v):
+    out = PyBytes_FromStringAndSize(NULL, 8)
+    store_i64(PyBytes_AS_STRING(out), v)
+    return out
+
+
+cdef bytes _pack_txn(uint64_t hi, uint64_t lo):
+    out = PyBytes_FromStringAndSize(NULL, 16)
+    store_u64(PyBytes_AS_STRING(out), hi)
+    store_u64(PyBytes_AS_STRING(out) + 8, lo)
+    return out
+
+
+def pack_txn(uint64_t hi, uint64_t lo):
+    """The 16 bytes (u64 hi, u64 lo) of a transaction id in every log."""
+    return _pack_txn(hi, lo)
+
+
+cdef class _Reader:
+    """Bounds-checked little-endian reads over one frame payload."""
+    cdef const uint8_t[::1] v
+    cdef const char *p
+    cdef Py_ssize_t pos, n
+
+    def __cinit__(self, data):
+        self.v = data if len(data) else b"\0"
+        self.p = <const char *>&self.v[0]
+        self.n = len(data)
+        self.pos = 0
+
+    cdef const char *take(self, Py_ssize_t k) except NULL:
+        if k < 0 or self.pos + k > self.n:
+            raise ValueError(f"frame payload of {self.n} bytes ends at byte {self.pos} "
+                             f"(needed {k} more)")
+        cdef const char *at = self.p + self.pos
+        self.pos += k
+        return at
+
+    cdef uint64_t u64(self) except? 0:
+        return load_u64(self.take(8))
+
+    cdef int64_t i64(self) except? -1:
+        return load_i64(self.take(8))
+
+    cdef uint32_t u32(self) except? 0:
+        return load_u32(self.take(4))
+
+    cdef uint8_t u8(self) except? 0:
+        return <uint8_t>self.take(1)[0]
+
+    cdef str text(self):
+        cdef uint16_t k = load_u16(self.take(2))
+        return self.take(k)[:k].decode("utf-8")
+
+    cdef tuple txn(self):
+        cdef uint64_t hi = self.u64()
+        return (hi, self.u64())
+
+    cdef end(self):
+        if self.pos != self.n:
+            raise ValueError(f"{self.n - self.pos} stray bytes after the frame payload")
+
+
+def replay_coordinator(frames):
+    """State of a coordinator log from its frames (the last SNAPSHOT on).
+
+    Returns ``(next_lo, txns)``: the lowest sequence word never used, and
+    ``{(hi, lo): [state, timeout_ms, start_ms, partitions, subscriptions]}``
+    with ``partitions`` a set of (topic, partition) and ``subscriptions`` a
+    set of (topic, subscription). Transactions whose final record is logged
+    stay in with state COMMITTED / ABORTED, so recovery knows their outcome.
+    Raises ValueError on a frame that passed its CRC but does not parse.
+    """
+    cdef dict txns = {}
+    cdef uint64_t next_lo = 0
+    cdef uint32_t n, k, j
+    cdef _Reader r
+    cdef int kind
+    for kind, payload in frames:
+        r = _Reader(payload)
+        if kind == 1:
+            txns.clear()
+            next_lo = r.u64()
+            n = r.u32()
+            for k in range(n):
+                key = r.txn()
+                state = r.u8()
+                timeout = r.i64()
+                start = r.i64()
+                parts = set()
+                for j in range(r.u32()):
+                    topic = r.text()
+                    parts.add((topic, <int>r.u32()))
+                subs = set()
+                for j in range(r.u32()):
+                    topic = r.text()
+                    subs.add((topic, r.text()))
+                txns[key] = [state, timeout, start, parts, subs]
+        elif kind == TC_BEGIN:
+            key = r.txn()
+            timeout = r.i64()
+            txns[key] = [OPEN, timeout, r.i64(), set(), set()]
+            if key[1] >= next_lo:
+                next_lo = key[1] + 1
+        elif kind == TC_ADD_PARTITION:
+            key = r.txn()
+            topic = r.text()
+            _txn_entry(txns, key)[3].add((topic, <int>r.u32()))
+        elif kind == TC_ADD_SUBSCRIPTION:
+            key = r.txn()
+            topic = r.text()
+            _txn_entry(txns, key)[4].add((topic, r.text()))
+        elif kind in (TC_COMMITTING, TC_ABORTING, TC_COMMITTED, TC_ABORTED):
+            key = r.txn()
+            _txn_entry(txns, key)[0] = {TC_COMMITTING: COMMITTING, TC_ABORTING: ABORTING,
+                                        TC_COMMITTED: COMMITTED, TC_ABORTED: ABORTED}[kind]
+        else:
+            raise ValueError(f"unknown coordinator frame type {kind}")
+        r.end()
+    return next_lo, txns
+
+
+cdef list _txn_entry(dict txns, key):
+    entry = txns.get(key)
+    if entry is None:
+        raise ValueError(f"frame for transaction {key} before its BEGIN")
+    return entry
+
+
+def encode_coordinator_snapshot(uint64_t next_lo, txns):
+    """SNAPSHOT payload: ``txns`` as :func:`replay_coordinator` returns them."""
+    out = [_pack_i64(<int64_t>next_lo), _pack_u32(len(txns))]
+    for (hi, lo), (state, timeout, start, parts, subs) in txns.items():
+        out.append(_pack_txn(hi, lo) + bytes([state]) + _pack_i64(timeout) + _pack_i64(start))
+        out.append(_pack_u32(len(parts)))
+        for topic, p in sorted(parts):
+            out.append(encode_text(topic) + _pack_u32(p))
+        out.append(_pack_u32(len(subs)))
+        for topic, sub in sorted(subs):
+            out.append(encode_text(topic) + encode_text(sub))
+    return b"".join(out)
+
+
+def encode_text(str s):
+    """u16 length + UTF-8 bytes."""
+    b = s.encode("utf-8")
+    if len(b) > 0xFFFF:
+        raise ValueError("name longer than 65535 bytes")
+    return bytes([len(b) & 0xFF, len(b) >> 8]) + b
+
+
+def replay_pending(frames):
+    """Pending acks of a pending-ack log from its frames (the last SNAPSHOT on).
+
+    Returns ``{(hi, lo): [offsets list, cumulative offset or -1]}`` for every
+    transaction with acks and no COMMIT / ABORT frame yet.
+    """
+    cdef dict txns = {}
+    cdef uint32_t n, k, j
+    cdef _Reader r
+    cdef const char *p
+    cdef int kind
+    for kind, payload in frames:
+        r = _Reader(payload)
+        if kind == 1:
+            txns.clear()
+            n = r.u32()
+            for k in range(n):
+                key = r.txn()
+                cum = r.i64()
+                j = r.u32()
+                p = r.take(8 * <Py_ssize_t>j)
+                txns[key] = [[load_i64(p + 8 * i) for i in range(j)], cum]
+        elif kind == PA_ACK:
+            key = r.txn()
+            j = r.u32()
+            p = r.take(8 * <Py_ssize_t>j)
+            entry = txns.setdefault(key, [[], -1])
+            entry[0].extend([load_i64(p + 8 * i) for i in range(j)])
+        elif kind == PA_CUMULATIVE:
+            key = r.txn()
+            cum = r.i64()
+            entry = txns.setdefault(key, [[], -1])
+            entry[1] = max(entry[1], cum)
+        elif kind in (PA_COMMIT, PA_ABORT):
+            txns.pop(r.txn(), None)
+        else:
+            raise ValueError(f"unknown pending-ack frame type {kind}")
+        r.end()
+    return txns
