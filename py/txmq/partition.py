@@ -495,6 +495,7 @@ class Partition:
 
     def _recover_txn_buffer(self) -> None:
         """Load the snapshot and replay the batch headers after it."""
+        had_snapshot = os.path.exists(os.path.join(self.path, "txnbuffer.snap"))
         snap = self._load_txn_snapshot()
         if snap is None:
             offset = self.start_offset
@@ -502,7 +503,9 @@ class Partition:
             offset, self.ongoing, self.aborted = snap
         seg, pos = self.segment_for(offset)
         ongoing, aborted = self.ongoing, self.aborted
+        replayed = 0
         while seg is not None:
+            replayed += 1
             info = seg.batch_at(pos)
             if info.flags & TRANSACTIONAL and info.base_offset >= offset:
                 hi, lo = info.txn_hi, info.txn_lo
@@ -514,6 +517,11 @@ class Partition:
                     ongoing.add(hi, lo, info.base_offset, info.publish_time)
             seg, pos = self.next_batch(seg, pos)
         aborted.trim_below(self.start_offset)
+        if replayed or (snap is None and had_snapshot):
+            # A snapshot that was refused (or is behind) must not be found
+            # again once the log grows past its offset: replace it now.
+            self._ended_since_snapshot = 1
+            self.snapshot_txn_buffer()
 
     def _too_large(self, spec: BatchSpec):
         if spec.max_message_bytes > self.max_message_bytes:

@@ -1,0 +1,213 @@
+"""The transaction structures of the Cython core (txmq._txn) against plain
+Python models."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from txmq import _txn as T
+from txmq._redolog import parse, frame
+
+
+# -- OngoingQueue -----------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 60)), max_size=400))
+def test_ongoing_queue_matches_model(ops):
+    q = T.OngoingQueue()
+    model = {}            # lo -> first offset, insertion order = offset order
+    offset = 0
+    for add, k in ops:
+        if add:
+            offset += 3
+            added = q.add(0, k, offset, offset * 10)
+            assert added == (k not in model)
+            if added:
+                model[k] = offset
+        else:
+            assert q.remove(0, k) == model.pop(k, -1)
+        end = offset + 100
+        assert q.max_read_position(end) == (min(model.values()) if model else end)
+        assert len(q) == len(model)
+        assert [e[1] for e in q.entries()] == list(model)
+    q2, n = T.OngoingQueue.from_bytes(q.to_bytes())
+    assert n == len(q.to_bytes()) and q2.entries() == q.entries()
+
+
+def test_ongoing_queue_refuses_offsets_out_of_order():
+    q = T.OngoingQueue()
+    q.add(0, 1, 10)
+    with pytest.raises(ValueError):
+        q.add(0, 2, 5)
+
+
+def test_ongoing_queue_many_open_stays_o1():
+    q = T.OngoingQueue()
+    for i in range(100_000):
+        q.add(1 << 48, i + 1, i)
+    for i in range(1, 100_000, 2):          # end every other one, oldest first kept
+        q.remove(1 << 48, i + 1)
+    assert q.max_read_position(10**9) == 0
+    q.remove(1 << 48, 1)
+    assert q.max_read_position(10**9) == 2 and q.oldest()[:3] == (1 << 48, 3, 2)
+
+
+# -- AbortSet ----------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3000)), max_size=200, unique=True),
+       st.integers(0, 250))
+def test_abort_set_matches_model(txns, cut):
+    s = T.AbortSet()
+    model = []
+    for i, (tc, seq) in enumerate(txns):
+        hi, lo = T.txn_words(tc, seq)
+        s.add(hi, lo, i * 2, i * 2 + 1)
+        model.append((i * 2 + 1, hi, lo))
+    hi = np.array([T.txn_words(tc, seq)[0] for tc in range(5) for seq in range(0, 3100, 7)], np.uint64)
+    lo = np.array([seq for tc in range(5) for seq in range(0, 3100, 7)], np.uint64)
+    expect = {(h, l) for _, h, l in model}
+    assert s.contains_many(hi, lo).tolist() == [(int(h), int(l)) in expect for h, l in zip(hi, lo)]
+    dropped = s.trim_below(cut)
+    kept = [(m, h, l) for m, h, l in model if m >= cut]
+    assert dropped == len(model) - len(kept) and len(s) == len(kept)
+    for m, h, l in model:
+        assert s.contains(h, l) == (m >= cut)
+    s2, _ = T.AbortSet.from_bytes(s.to_bytes())
+    assert s2.entries() == s.entries()
+
+
+def test_abort_set_overlapping_ranges():
+    s = T.AbortSet()
+    s.add(0, 5, 10, 20)
+    s.add(0, 6, 15, 40)
+    assert [e[1] for e in s.overlapping(0, 11)] == [5]
+    assert [e[1] for e in s.overlapping(21, 30)] == [6]
+    assert s.overlapping(41, 50) == []
+
+
+def test_abort_set_grows_downwards():
+    s = T.AbortSet()
+    s.add(0, 100_000, 0, 1)
+    s.add(0, 3, 2, 3)
+    assert s.contains(0, 3) and s.contains(0, 100_000) and not s.contains(0, 4)
+
+
+# -- PendingAckTable ------------------------------------------------------------------------
+
+
+class FakeAcked:
+    def __init__(self, offs=()):
+        self.offs = set(offs)
+
+    def contains(self, o):
+        return o in self.offs
+
+
+def test_pending_individual_conflicts():
+    t = T.PendingAckTable()
+    assert t.conflict_individual("a", [5, 6], 0, FakeAcked()) is None
+    t.add("a", [5, 6])
+    assert t.conflict_individual("a", [5], 0, FakeAcked()) is None          # same txn again
+    assert t.conflict_individual("b", [7, 6], 0, FakeAcked()) == (6, "pending in another transaction", "a")
+    assert t.conflict_individual("b", [3], 4, FakeAcked())[1] == "already acknowledged"
+    assert t.conflict_individual("b", [9], 0, FakeAcked([9]))[1] == "already acknowledged"
+    assert t.is_pending(5) and not t.is_pending(7) and t.next_pending(0) == 5 and t.next_pending(7) == -1
+    assert t.take("a") == ([5, 6], -1)
+    assert len(t) == 0 and t.conflict_individual("b", [6], 0, FakeAcked()) is None
+
+
+def test_pending_cumulative_conflicts():
+    t = T.PendingAckTable()
+    t.add("a", [10])
+    assert t.conflict_cumulative("b", 12, 0)[2] == "a"           # a holds 10 <= 12
+    assert t.conflict_cumulative("b", 9, 0) is None
+    t.add_cumulative("b", 9)
+    assert t.conflict_individual("a", [4], 0, FakeAcked())[2] == "b"   # covered by b
+    assert t.conflict_cumulative("c", 3, 0)[2] == "b"            # another cumulative holder
+    assert t.owner_of(2) == "b" and t.owner_of(10) == "a" and t.owner_of(11) is None
+    assert t.next_pending(0) == 0
+    assert t.take("b") == ([], 9)
+
+
+# -- log replay ----------------------------------------------------------------------------
+
+
+def _txn(tc, seq):
+    return T.pack_txn(*T.txn_words(tc, seq))
+
+
+def test_replay_coordinator_and_snapshot_roundtrip():
+    frames = [
+        (T.TC_BEGIN, _txn(1, 1) + struct.pack("<qq", 5000, 123)),
+        (T.TC_ADD_PARTITION, _txn(1, 1) + T.encode_text("orders") + struct.pack("<I", 3)),
+        (T.TC_ADD_SUBSCRIPTION, _txn(1, 1) + T.encode_text("orders") + T.encode_text("billing")),
+        (T.TC_BEGIN, _txn(1, 2) + struct.pack("<qq", 60000, 124)),
+        (T.TC_COMMITTING, _txn(1, 1)),
+        (T.TC_BEGIN, _txn(1, 3) + struct.pack("<qq", 60000, 125)),
+        (T.TC_ABORTING, _txn(1, 3)),
+        (T.TC_ABORTED, _txn(1, 3)),
+    ]
+    next_lo, txns = T.replay_coordinator(frames)
+    w1, w2, w3 = (T.txn_words(1, s) for s in (1, 2, 3))
+    assert next_lo == 4
+    assert txns[w1] == [T.COMMITTING, 5000, 123, {("orders", 3)}, {("orders", "billing")}]
+    assert txns[w2][0] == T.OPEN and txns[w3][0] == T.ABORTED
+    # Through the real frame encoder, and a snapshot of the result.
+    raw = b"".join(frame(k, p) for k, p in frames)
+    parsed, end, reason = parse(raw, 0)
+    assert reason is None and T.replay_coordinator([(k, p) for k, p, _ in parsed]) == (next_lo, txns)
+    snap = T.encode_coordinator_snapshot(next_lo, {w1: txns[w1], w2: txns[w2]})
+    again = T.replay_coordinator([(1, snap), (T.TC_COMMITTED, _txn(1, 1))])
+    assert again[0] == 4 and again[1][w1][0] == T.COMMITTED and again[1][w2] == txns[w2]
+
+
+def test_replay_coordinator_rejects_bad_frames():
+    with pytest.raises(ValueError, match="before its BEGIN"):
+        T.replay_coordinator([(T.TC_COMMITTING, _txn(0, 9))])
+    with pytest.raises(ValueError, match="stray"):
+        T.replay_coordinator([(T.TC_BEGIN, _txn(0, 1) + struct.pack("<qq", 1, 2) + b"x")])
+    with pytest.raises(ValueError, match="ends at byte"):
+        T.replay_coordinator([(T.TC_BEGIN, _txn(0, 1)[:10])])
+    with pytest.raises(ValueError, match="unknown"):
+        T.replay_coordinator([(77, b"")])
+
+
+def test_replay_pending():
+    a, b = T.txn_words(0, 1), T.txn_words(2, 5)
+    frames = [
+        (T.PA_ACK, T.pack_txn(*a) + struct.pack("<I", 2) + np.array([4, 9], "<i8").tobytes()),
+        (T.PA_ACK, T.pack_txn(*b) + struct.pack("<I", 1) + np.array([11], "<i8").tobytes()),
+        (T.PA_CUMULATIVE, T.pack_txn(*b) + struct.pack("<q", 3)),
+        (T.PA_COMMIT, T.pack_txn(*a)),
+    ]
+    assert T.replay_pending(frames) == {b: [[11], 3]}
+
+    class Id:
+        def __init__(self, words):
+            self.words = words
+
+        def __hash__(self):
+            return hash(self.words)
+
+        def __eq__(self, other):
+            return self.words == other.words
+
+    t = T.PendingAckTable()
+    t.add(Id(b), [11, 12])
+    t.add_cumulative(Id(b), 3)
+    assert T.replay_pending([(1, t.to_bytes())]) == {b: [[11, 12], 3]}
+
+
+def test_txn_words_range():
+    assert T.txn_parts(*T.txn_words(65535, (1 << 112) - 1)) == (65535, (1 << 112) - 1)
+    for bad in ((65536, 1), (0, 1 << 112), (-1, 1)):
+        with pytest.raises(ValueError):
+            T.txn_words(*bad)
