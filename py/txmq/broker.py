@@ -187,6 +187,8 @@ class Broker:
         if self.fsync != "never":
             for p in partitions:
                 p.sync_to(p.end_offset)
+        for s in subs:
+            s.sync_commits()
         for tc in self._coordinators:
             tc.finish_recovery()
         if self.fsync != "never":

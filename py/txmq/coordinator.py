@@ -57,6 +57,7 @@ class TransactionCoordinator:
         self.next_seq = 1
         self._timeouts: list = []          # heap of (deadline, sequence)
         self._touched: dict = {}           # partitions with markers since the last compaction
+        self._touched_subs: dict = {}      # subscriptions with committed acks since then
         self._retry: dict[TxnID, tuple] = {}  # transactions whose fan-out must be retried
         self.problems: list[str] = []
         self.stats = {"begun": 0, "committed": 0, "aborted": 0, "timed_out": 0}
@@ -88,9 +89,8 @@ class TransactionCoordinator:
             self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*txn_id.words))
 
     def finish_recovery(self) -> None:
-        """Every recovered transaction is applied (and, unless fsync is
-        "never", its markers are durable): the log restarts as an empty
-        snapshot."""
+        """Every recovered transaction is applied (the broker has made its
+        markers and cursor frames durable): the log restarts as a snapshot."""
         with self.lock:
             self._compact()
 
@@ -199,6 +199,7 @@ class TransactionCoordinator:
         for s in subs:
             try:
                 s.end_txn(txn_id, commit)
+                self._touched_subs[id(s)] = s
             except Exception as e:
                 if not self.broker._participant_exists(s):
                     continue
@@ -275,7 +276,11 @@ class TransactionCoordinator:
                     p.sync_to(p.end_offset)
                 except BrokerClosedError:
                     pass
+        for s in self._touched_subs.values():
+            if not s.closed:
+                s.sync_commits()
         self._touched.clear()
+        self._touched_subs.clear()
         live = {}
         for meta in self.txns.values():
             state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING

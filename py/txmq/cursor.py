@@ -126,8 +126,10 @@ class Cursor:
     def is_acked(self, offset: int) -> bool:
         return offset < self.mark_delete or self.acked.contains(offset)
 
-    def ack(self, offsets) -> list:
-        """Acknowledge offsets individually; return those that were new."""
+    def ack(self, offsets, sync: bool = True) -> list:
+        """Acknowledge offsets individually; return those that were new.
+        ``sync=False`` leaves the frame in the page cache (a transaction's
+        commit: its pending-ack log can redo it)."""
         md = self.mark_delete
         if len(self.acked):
             contains = self.acked.contains
@@ -140,7 +142,7 @@ class Cursor:
         self.log.append(ACK, struct.pack("<I", len(arr)) + arr.tobytes())
         add_many(self.acked, arr)
         self._advance()
-        self._persisted()
+        self._persisted(sync)
         return new
 
     def ack_range(self, start: int, end: int) -> int:
@@ -158,13 +160,13 @@ class Cursor:
         self._persisted()
         return (end - start) - before
 
-    def ack_cumulative(self, offset: int) -> bool:
+    def ack_cumulative(self, offset: int, sync: bool = True) -> bool:
         """Everything up to and including ``offset`` is acknowledged."""
         if offset + 1 <= self.mark_delete:
             return False
         self.log.append(MARK_DELETE, _I64.pack(offset + 1))
         self._set_mark_delete(offset + 1)
-        self._persisted()
+        self._persisted(sync)
         return True
 
     def skip(self, start: int, end: int) -> None:
@@ -184,10 +186,11 @@ class Cursor:
         self.acked.clear()
         self._persisted()
 
-    def _persisted(self) -> None:
+    def _persisted(self, sync: bool = True) -> None:
         """Sync the frame just appended; compact from the in-memory state,
         which the caller has already brought up to date with that frame."""
-        self.log.sync()
+        if sync:
+            self.log.sync()
         if self.log.frames_since_snapshot >= COMPACT_FRAMES:
             self.log.compact(_I64.pack(self.mark_delete) + self.acked.to_bytes())
 

@@ -47,7 +47,8 @@ class _Lane:
     """Dispatch state of one subscription on one partition."""
 
     __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "buf_i", "outstanding",
-                 "ranges", "redeliver", "redelivery_count", "deadlines", "pending", "pending_log")
+                 "ranges", "redeliver", "redelivery_count", "deadlines", "pending", "pending_log",
+                 "unsynced_commits")
 
     def __init__(self, partition, cursor: Cursor, pending_log: RedoLog):
         self.partition = partition
@@ -55,6 +56,7 @@ class _Lane:
         self.redelivery_count: dict[int, int] = {}
         self.pending = PendingAckTable()
         self.pending_log = pending_log
+        self.unsynced_commits: list = []   # committed txns whose COMMIT frame waits for a cursor sync
         self.rewind(cursor.mark_delete)
 
     def settled(self, offset: int) -> bool:
@@ -641,10 +643,14 @@ class Subscription:
                 if not offsets and cumulative < 0:
                     continue
                 if commit:
+                    # Cursor frames stay in the page cache, and the COMMIT
+                    # frame waits until they are synced (sync_commits): until
+                    # then the pending-ack log and the coordinator's decision
+                    # can redo this.
                     if cumulative >= 0:
-                        lane.cursor.ack_cumulative(cumulative)
+                        lane.cursor.ack_cumulative(cumulative, sync=False)
                     if offsets:
-                        lane.cursor.ack(offsets)
+                        lane.cursor.ack(offsets, sync=False)
                     md = lane.cursor.mark_delete
                     for table in (lane.outstanding, lane.redelivery_count):
                         for off in [o for o in table if o < md or lane.cursor.acked.contains(o)]:
@@ -658,10 +664,30 @@ class Subscription:
                         if (off < lane.read_offset and not lane.settled(off)
                                 and off not in lane.outstanding):
                             self._queue_redelivery(lane, off, now)
-                lane.pending_log.append(PA_COMMIT if commit else PA_ABORT, frame)
+                if commit:
+                    lane.unsynced_commits.append(frame)
+                else:
+                    lane.pending_log.append(PA_ABORT, frame)
                 if lane.pending_log.frames_since_snapshot >= COMPACT_FRAMES:
+                    self._sync_commits(lane)
                     lane.pending_log.compact(lane.pending.to_bytes())
             self.cond.notify_all()
+
+    def sync_commits(self) -> None:
+        """Make the cursor frames of committed transactions durable, then
+        log their COMMIT frames. The coordinator calls this before its log
+        forgets their decisions."""
+        with self.cond:
+            for lane in self.lanes:
+                self._sync_commits(lane)
+
+    def _sync_commits(self, lane: _Lane) -> None:
+        if not lane.unsynced_commits:
+            return
+        if not lane.cursor.log.closed:
+            lane.cursor.log.sync()
+        lane.pending_log.append_many([(PA_COMMIT, f) for f in lane.unsynced_commits])
+        lane.unsynced_commits = []
 
     # -- seeking -----------------------------------------------------------------
 
@@ -721,6 +747,7 @@ class Subscription:
             self.cond.notify_all()
             for lane in self.lanes:
                 lane.partition.remove_listener(self._on_append)
+                self._sync_commits(lane)
                 lane.cursor.close()
                 lane.pending_log.close()
 
