@@ -322,7 +322,7 @@ class Subscription:
             i = lane.buf_i
             chunk = lane.buffer[i:i + n - len(out)]
             lane.buf_i = i + len(chunk)
-            if chunk[0].offset < cursor.mark_delete or len(cursor.acked) or len(lane.pending):
+            if chunk[0].offset < cursor.mark_delete or _touches(lane, chunk[0].offset, chunk[-1].offset):
                 # Acknowledged (or pending in a transaction) while buffered, or before a restart.
                 chunk = [m for m in chunk if not lane.settled(m.offset)]
                 if not chunk:
@@ -750,6 +750,19 @@ class Subscription:
                 self._sync_commits(lane)
                 lane.cursor.close()
                 lane.pending_log.close()
+
+
+def _touches(lane: _Lane, first: int, last: int) -> bool:
+    """Whether an acknowledged or pending offset lies in [first, last]."""
+    if len(lane.cursor.acked):
+        nxt = lane.cursor.acked.next_acked(first)
+        if nxt is not None and nxt[0] <= last:
+            return True
+    if len(lane.pending):
+        held = lane.pending.next_pending(first)
+        if 0 <= held <= last:
+            return True
+    return False
 
 
 def _txn_id(info):
