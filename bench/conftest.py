@@ -62,6 +62,28 @@ COMPARISONS = [
                note="no goal: shows the cost of rolling 256 MiB segments"),
     Comparison("reopen after SIGKILL: 2 GiB / 100 MiB", "2GiB", "100MiB", 2, "<=", kind="time",
                note="goal: open time(2 GiB) <= 2x open time(100 MiB)"),
+    # -- transactions (test_bench_txn.py) --
+    Comparison("send_batch 100x1KiB, commit every 100 ms vs none, never", "txn 100ms", "plain",
+               0.98, ">=", note="goal >= 98% of the non-transactional throughput"),
+    Comparison("send_batch 100x1KiB, commit every 100 ms vs none, commit", "txn 100ms", "plain",
+               0.98, ">=", note="goal >= 98% of the non-transactional throughput"),
+    Comparison("consume-transform-produce 100/txn, never vs SQLite OFF", "txmq", "sqlite", 10, ">=",
+               note="goal >= 10x SQLite WAL synchronous=OFF, one SQLite transaction per 100"),
+    Comparison("consume-transform-produce 100/txn arrow, never vs SQLite OFF", "txmq arrow", "sqlite",
+               None, ">=", note="no goal: receive_batch + send_batch(array) + ack(batch) in the txn"),
+    Comparison("consume-transform-produce 100/txn, commit vs SQLite FULL", "txmq", "sqlite", 5, ">=",
+               note="goal >= 5x SQLite WAL synchronous=FULL"),
+    Comparison("begin+send+commit, 100k open / 10 open txns", "100k open", "10 open", 0.9, ">=",
+               note="goal: commit throughput with 100,000 open >= 90% of that with 10"),
+    Comparison("receive_many(100)+ack, read_committed (10% aborted) / read_uncommitted",
+               "read_committed", "read_uncommitted", 0.95, ">=", note="goal >= 95%"),
+    Comparison("receive_batch+ack, read_committed (10% aborted) / read_uncommitted",
+               "read_committed", "read_uncommitted", 0.95, ">=", note="goal >= 95%"),
+    Comparison("reopen after SIGKILL: 1M txns / 10k txns", "1M txns", "10k txns", 2, "<=", kind="time",
+               note="goal: open time(1,000,000 transactions) <= 2x open time(10,000)"),
+    Comparison("reopen after SIGKILL: 1.02M txns (full coordinator logs) / 10k txns", "1.02M txns",
+               "10k txns", 2, "<=", kind="time",
+               note="the same goal where each coordinator log is 1 transaction short of compaction"),
 ]
 
 # comparison group -> the COMPARISONS rows it feeds
@@ -72,6 +94,14 @@ GROUPS = {
     "receive_ack": COMPARISONS[7:9],
     "send_batch_sustained": COMPARISONS[9:10],
     "reopen": COMPARISONS[10:11],
+    "txn_100ms_never": COMPARISONS[11:12],
+    "txn_100ms_commit": COMPARISONS[12:13],
+    "ctp_never": COMPARISONS[13:15],
+    "ctp_commit": COMPARISONS[15:16],
+    "txn_open": COMPARISONS[16:17],
+    "rc_aborted_receive_many": COMPARISONS[17:18],
+    "rc_aborted_receive_batch": COMPARISONS[18:19],
+    "txn_reopen": COMPARISONS[19:21],
 }
 
 

@@ -8,6 +8,11 @@ Schema::
     cursor(subscription TEXT, partition INTEGER, offset INTEGER,
            PRIMARY KEY (subscription, partition))     -- offset: last id read
 
+``transform_batch`` is the consume-transform-produce baseline of the
+transaction benchmarks: the output rows go to another topic of the same
+table, and the inputs are marked consumed by moving the cursor, in the same
+SQLite transaction.
+
 ``journal_mode=WAL``; ``synchronous`` is a parameter (``OFF`` for the
 comparisons with ``fsync="never"``, ``FULL`` / ``NORMAL`` for durable ones).
 There is no secondary index on (topic, partition, id): ids grow with every
@@ -100,6 +105,33 @@ class SqliteQueue:
             cur.execute("ROLLBACK")
             raise
         return rows
+
+    def transform_batch(self, n: int, fn, out_topic: str) -> int:
+        """Consume-transform-produce in one transaction: up to ``n`` rows
+        after the cursor, ``fn(value)`` of each inserted into ``out_topic``
+        (same partition, same key), the cursor moved past them (the inputs
+        marked consumed), one COMMIT. Return how many rows were moved."""
+        cur = self.db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            (offset,) = cur.execute("SELECT offset FROM cursor WHERE subscription = ? AND partition = ?",
+                                    (self.subscription, self.partition)).fetchone()
+            rows = cur.execute(
+                "SELECT id, key, value FROM messages WHERE id > ? AND topic = ? AND partition = ? "
+                "ORDER BY id LIMIT ?", (offset, self.topic, self.partition, n)).fetchall()
+            if rows:
+                ts = time.time_ns() // 1_000_000
+                p = self.partition
+                cur.executemany(
+                    "INSERT INTO messages (topic, partition, key, value, ts) VALUES (?, ?, ?, ?, ?)",
+                    [(out_topic, p, k, fn(v), ts) for _, k, v in rows])
+                cur.execute("UPDATE cursor SET offset = ? WHERE subscription = ? AND partition = ?",
+                            (rows[-1][0], self.subscription, self.partition))
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        return len(rows)
 
     def count(self) -> int:
         return self.db.execute("SELECT count(*) FROM messages").fetchone()[0]
