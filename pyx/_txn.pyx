@@ -90,6 +90,11 @@ cdef class OngoingQueue:
     def __len__(self):
         return len(self.slot)
 
+    @property
+    def capacity(self):
+        """Entries the columns can hold (memory follows the open count)."""
+        return self.cap
+
     def contains(self, uint64_t hi, uint64_t lo):
         return (hi, lo) in self.slot
 
@@ -126,7 +131,29 @@ cdef class OngoingQueue:
         if self.head == self.tail:
             self.head = self.tail = 0
             self.origin = pos + 1
+        elif self.tail - self.head > 1024 and 2 * len(self.slot) < self.tail - self.head:
+            self._compact()
         return first
+
+    cdef _compact(self):
+        """Drop the ended entries behind an old open one (more than half of
+        the queue), so memory follows the open count: amortised O(1)."""
+        cdef Py_ssize_t i, j = 0
+        for i in range(self.head, self.tail):
+            if self.alive[i]:
+                self.hi[j], self.lo[j], self.first[j], self.since[j] = (
+                    self.hi[i], self.lo[i], self.first[i], self.since[i])
+                self.alive[j] = 1
+                j += 1
+        for i in range(j, self.tail):
+            self.alive[i] = 0
+        self.head, self.tail = 0, j
+        self.origin = 0
+        slot = self.slot
+        for i in range(j):
+            slot[(self.hi[i], self.lo[i])] = i
+        if self.cap > 4 * max(j, 64):
+            self._grow(2 * max(j, 64))
 
     def first_offset_of(self, uint64_t hi, uint64_t lo):
         pos = self.slot.get((hi, lo))
@@ -153,14 +180,18 @@ cdef class OngoingQueue:
 
     def to_bytes(self):
         """u32 count, then (u64 hi, u64 lo, i64 first offset, i64 since ms) each."""
-        entries = self.entries()
-        out = PyBytes_FromStringAndSize(NULL, 4 + 32 * len(entries))
+        cdef Py_ssize_t i, n = 0
+        for i in range(self.head, self.tail):
+            n += self.alive[i]
+        out = PyBytes_FromStringAndSize(NULL, 4 + 32 * n)
         cdef char *p = PyBytes_AS_STRING(out)
-        store_u32(p, len(entries))
+        store_u32(p, n)
         p += 4
-        for h, l, f, s in entries:
-            store_u64(p, h); store_u64(p + 8, l); store_i64(p + 16, f); store_i64(p + 24, s)
-            p += 32
+        for i in range(self.head, self.tail):
+            if self.alive[i]:
+                store_u64(p, self.hi[i]); store_u64(p + 8, self.lo[i])
+                store_i64(p + 16, self.first[i]); store_i64(p + 24, self.since[i])
+                p += 32
         return out
 
     @staticmethod
@@ -426,14 +457,18 @@ cdef class PendingAckTable:
     def conflict_individual(self, txn, offsets, int64_t mark_delete, acked):
         """Why acking ``offsets`` in ``txn`` conflicts, or None."""
         cdef int64_t o
+        cdef bint check_acked = len(acked) > 0
+        cdef dict owner = self.owner
+        others = [(t, c) for t, c in self.cumulative.items() if t != txn]
         for o in offsets:
-            if o < mark_delete or acked.contains(o):
+            if o < mark_delete or (check_acked and acked.contains(o)):
                 return (o, "already acknowledged", None)
-            t = self.owner.get(o)
-            if t is not None and t != txn:
-                return (o, "pending in another transaction", t)
-            for t, c in self.cumulative.items():
-                if t != txn and o <= c:
+            if owner:
+                t = owner.get(o)
+                if t is not None and t != txn:
+                    return (o, "pending in another transaction", t)
+            for t, c in others:
+                if o <= c:
                     return (o, "covered by another transaction's cumulative ack", t)
         return None
 

@@ -20,6 +20,7 @@ subscription) aborted.
 from __future__ import annotations
 
 import fcntl
+import gc
 import itertools
 import json
 import logging
@@ -109,8 +110,16 @@ class Broker:
         try:
             os.makedirs(os.path.join(self.path, "topics"), exist_ok=True)
             os.makedirs(os.path.join(self.path, "subscriptions"), exist_ok=True)
-            self._recover()
-            self._recover_transactions()
+            # Recovery builds many small objects and frees none: the cyclic
+            # collector would only rescan them.
+            gc_was_on = gc.isenabled()
+            gc.disable()
+            try:
+                self._recover()
+                self._recover_transactions()
+            finally:
+                if gc_was_on:
+                    gc.enable()
         except BaseException:
             for t in self._topics.values():
                 t.close()

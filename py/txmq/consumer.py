@@ -98,8 +98,8 @@ class Consumer:
             partition = int(md[b"partition"])
             offsets = messages.column("offset").to_numpy()
             if txn is not None:
-                meta = txn._checked_meta(self._broker)
-                self._sub.ack_txn(meta, [MessageId(self.topic, partition, int(o)) for o in offsets])
+                self._sub.ack_range_txn(txn._checked_meta(self._broker), partition,
+                                        sorted(offsets.tolist()))
                 return
             first, last = int(offsets[0]), int(offsets[-1])
             if last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all())):

@@ -35,8 +35,11 @@ from txmq.txn import TxnID, TxnMeta, TxnState
 log = logging.getLogger("txmq.coordinator")
 
 # The log is rewritten as a snapshot of the live transactions once it holds
-# this many frames, so replay on open stays short however many ended.
-COMPACT_FRAMES = 20_000
+# this many frames more than the live transactions need, so replay on open
+# stays short however many ended, and the cost of a snapshot (proportional
+# to the live transactions) is spread over as many frames.
+COMPACT_FRAMES = 8_192
+LIVE_FRAMES = 4
 _TIMES = struct.Struct("<qq")
 
 
@@ -262,7 +265,7 @@ class TransactionCoordinator:
     # -- compaction ------------------------------------------------------------------
 
     def _maybe_compact(self) -> None:
-        if self.log.frames_since_snapshot >= COMPACT_FRAMES:
+        if self.log.frames_since_snapshot >= COMPACT_FRAMES + LIVE_FRAMES * len(self.txns):
             self._compact()
 
     def _compact(self) -> None:

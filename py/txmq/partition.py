@@ -67,8 +67,8 @@ MARKER_ABORT = FLAG["marker_abort"]
 TXNBUF_MAGIC = b"TXTB"
 TXNBUF_VERSION = 1
 TXNBUF_HEAD = struct.Struct("<4sB3xq")
-# A snapshot is written after this many transactions ended here, or by the
-# broker's timer when anything changed.
+# A snapshot is written after this many transactions ended here (or as many
+# as are open, if more), or by the broker's timer when anything changed.
 SNAPSHOT_EVERY_TXNS = 1000
 
 
@@ -431,7 +431,8 @@ class Partition:
                 self.aborted.add(hi, lo, first, base)    # before it leaves ongoing
             self.ongoing.remove(hi, lo)
             self._ended_since_snapshot += 1
-            snapshot = self._ended_since_snapshot >= SNAPSHOT_EVERY_TXNS
+            # A snapshot costs what the buffer holds: spread it over as many ends.
+            snapshot = self._ended_since_snapshot >= max(SNAPSHOT_EVERY_TXNS, len(self.ongoing))
         if snapshot:
             self.snapshot_txn_buffer()
         if self._listeners:

@@ -16,6 +16,7 @@ cursor, abort queues it for redelivery.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import os
@@ -556,9 +557,9 @@ class Subscription:
         """Take offsets now pending in a transaction out of every dispatch
         state: no ack timeout, nack or consumer change redelivers them."""
         pop = lane.outstanding.pop
-        for off in offsets:
-            if pop(off, None) is None and lane.ranges:
-                _cut_from_ranges(lane, off)
+        missing = [off for off in offsets if pop(off, None) is None]
+        if missing and lane.ranges:
+            _cut_many_from_ranges(lane, sorted(missing))
 
     def ack_txn(self, meta, message_ids) -> int:
         """Acknowledge ``message_ids`` inside transaction ``meta``: checked
@@ -573,6 +574,15 @@ class Subscription:
             lane = self._lane_of(MessageId(topic, partition, max(offsets)))
             self._lane_of(MessageId(topic, partition, min(offsets)))
             checked.append((lane, offsets))
+        return self._ack_txn_lanes(meta, checked)
+
+    def ack_range_txn(self, meta, partition: int, offsets: list) -> int:
+        """:meth:`ack_txn` of sorted offsets of one partition (Arrow batches)."""
+        lane = self._lane_of(MessageId(self.topic.name, partition, offsets[-1]))
+        self._lane_of(MessageId(self.topic.name, partition, offsets[0]))
+        return self._ack_txn_lanes(meta, [(lane, offsets)])
+
+    def _ack_txn_lanes(self, meta, checked: list) -> int:
         if not checked:
             return 0
         self.broker._coordinator_of(meta).register_subscription(meta, self)
@@ -587,12 +597,11 @@ class Subscription:
                     raise TransactionConflictError(meta.id, MessageId(self.topic.name, lane.partition.index, off),
                                                    reason, other)
             for lane, offsets in checked:
-                new = [o for o in offsets if lane.pending.owner_of(o) is None]
+                new = lane.pending.add(meta.id, offsets)
                 if not new:
                     continue
                 lane.pending_log.append(PA_ACK, pack_txn(*meta.words) + struct.pack("<I", len(new))
                                         + np.asarray(new, "<i8").tobytes())
-                lane.pending.add(meta.id, new)
                 self._hold(lane, new)
                 n += len(new)
         return n
@@ -613,9 +622,9 @@ class Subscription:
             lane.pending_log.append(PA_CUMULATIVE, pack_txn(*meta.words) + struct.pack("<q", message_id.offset))
             lane.pending.add_cumulative(meta.id, message_id.offset)
             self._hold(lane, [o for o in lane.outstanding if o <= message_id.offset])
-            for r in [r for r in lane.ranges if r[0] <= message_id.offset]:
-                for off in range(r[0], min(r[1], message_id.offset + 1)):
-                    _cut_from_ranges(lane, off)
+            if lane.ranges:
+                lane.ranges = [[max(s, message_id.offset + 1), e, cid] for s, e, cid in lane.ranges
+                               if e > message_id.offset + 1]
 
     def pending_txns(self) -> set:
         """TxnIDs with acks pending on any partition of this subscription."""
@@ -649,19 +658,25 @@ class Subscription:
                     # can redo this.
                     if cumulative >= 0:
                         lane.cursor.ack_cumulative(cumulative, sync=False)
+                        md = lane.cursor.mark_delete
+                        for table in (lane.outstanding, lane.redelivery_count):
+                            for off in [o for o in table if o < md]:
+                                del table[off]
                     if offsets:
                         lane.cursor.ack(offsets, sync=False)
-                    md = lane.cursor.mark_delete
-                    for table in (lane.outstanding, lane.redelivery_count):
-                        for off in [o for o in table if o < md or lane.cursor.acked.contains(o)]:
-                            del table[off]
+                        if lane.redelivery_count:
+                            for off in offsets:
+                                lane.redelivery_count.pop(off, None)
                     self._trim_ranges(lane)
                 else:
                     again = set(offsets)
                     if cumulative >= 0:
                         again.update(range(lane.cursor.mark_delete, cumulative + 1))
+                    # Offsets still waiting in the read buffer go out from there.
+                    read_up_to = (lane.buffer[lane.buf_i].offset if lane.buf_i < len(lane.buffer)
+                                  else lane.read_offset)
                     for off in sorted(again):
-                        if (off < lane.read_offset and not lane.settled(off)
+                        if (off < read_up_to and not lane.settled(off)
                                 and off not in lane.outstanding):
                             self._queue_redelivery(lane, off, now)
                 if commit:
@@ -774,6 +789,22 @@ def _txn_id(info):
 
 def _min(a, b):
     return b if a is None else min(a, b)
+
+
+def _cut_many_from_ranges(lane: _Lane, offsets: list) -> None:
+    """Take sorted ``offsets`` out of the batch deliveries holding them."""
+    out = []
+    for s, e, cid in lane.ranges:
+        i = bisect.bisect_left(offsets, s)
+        j = bisect.bisect_left(offsets, e)
+        start = s
+        for off in offsets[i:j]:
+            if start < off:
+                out.append([start, off, cid])
+            start = off + 1
+        if start < e:
+            out.append([start, e, cid])
+    lane.ranges = out
 
 
 def _cut_from_ranges(lane: _Lane, off: int) -> bool:

@@ -58,6 +58,28 @@ def test_ongoing_queue_many_open_stays_o1():
     assert q.max_read_position(10**9) == 2 and q.oldest()[:3] == (1 << 48, 3, 2)
 
 
+def test_ongoing_queue_memory_follows_open_count():
+    """One transaction stays open while 200,000 others come and go behind
+    it: the queue compacts instead of growing."""
+    q = T.OngoingQueue()
+    q.add(0, 1, 0)
+    model = {}
+    for i in range(2, 200_002):
+        q.add(0, i, i)
+        model[i] = i
+        if i % 7:                            # a few stay open for a while
+            q.remove(0, i)
+            del model[i]
+        if i % 1000 == 0:
+            for k in list(model)[:-3]:
+                assert q.remove(0, k) == model.pop(k)
+    assert q.capacity <= 4096
+    assert q.max_read_position(10**9) == 0
+    assert q.remove(0, 1) == 0
+    assert q.max_read_position(10**9) == min(model.values())
+    assert [e[1] for e in q.entries()] == list(model)
+
+
 # -- AbortSet ----------------------------------------------------------------------------
 
 
@@ -109,6 +131,9 @@ class FakeAcked:
 
     def contains(self, o):
         return o in self.offs
+
+    def __len__(self):
+        return len(self.offs)
 
 
 def test_pending_individual_conflicts():
