@@ -190,7 +190,8 @@ class TransactionCoordinator:
         for i, p in enumerate(parts):
             try:
                 p.end_txn(txn_id.words, commit)
-                self._touched[id(p)] = p
+                with self.lock:
+                    self._touched[id(p)] = p
             except Exception as e:     # retried by the scheduler until it succeeds
                 if not self.broker._participant_exists(p):
                     continue
@@ -202,7 +203,8 @@ class TransactionCoordinator:
         for s in subs:
             try:
                 s.end_txn(txn_id, commit)
-                self._touched_subs[id(s)] = s
+                with self.lock:
+                    self._touched_subs[id(s)] = s
             except Exception as e:
                 if not self.broker._participant_exists(s):
                     continue
@@ -273,17 +275,17 @@ class TransactionCoordinator:
         held). Markers written since the last compaction are made durable
         first: once the log forgets a decision, the partitions must not need
         it again."""
+        touched, self._touched = self._touched, {}
+        touched_subs, self._touched_subs = self._touched_subs, {}
         if self.fsync != "never":
-            for p in self._touched.values():
+            for p in touched.values():
                 try:
                     p.sync_to(p.end_offset)
                 except BrokerClosedError:
                     pass
-        for s in self._touched_subs.values():
+        for s in touched_subs.values():
             if not s.closed:
                 s.sync_commits()
-        self._touched.clear()
-        self._touched_subs.clear()
         live = {}
         for meta in self.txns.values():
             state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING

@@ -170,14 +170,20 @@ class Cursor:
         return True
 
     def skip(self, start: int, end: int) -> None:
-        """Count [start, end) as acknowledged in memory only: offsets that
-        are never delivered (transaction markers, aborted batches under
-        READ_COMMITTED). No frame is written; after a reopen the reader
-        passes them again and skips them again."""
+        """Count [start, end) as acknowledged: offsets that are never
+        delivered (transaction markers, aborted batches under
+        READ_COMMITTED). The frame is not synced: if it is lost, the reader
+        passes those offsets again after a reopen and skips them again."""
         start = max(start, self.mark_delete)
-        if end > start:
-            self.acked.add_range(start, end)
-            self._advance()
+        if end > start and self.acked.count_in(start, end) < end - start:
+            if start == self.mark_delete:
+                self.log.append(MARK_DELETE, _I64.pack(end))
+                self._set_mark_delete(end)
+            else:
+                self.log.append(ACK_RANGE, struct.pack("<qq", start, end))
+                self.acked.add_range(start, end)
+                self._advance()
+            self._persisted(False)
 
     def reset(self, offset: int) -> None:
         """Move the cursor to ``offset`` (seek) and forget individual acks."""

@@ -62,11 +62,12 @@ MARKER_FLAGS = {True: FLAG["transactional"] | FLAG["control"] | FLAG["marker_com
                 False: FLAG["transactional"] | FLAG["control"] | FLAG["marker_abort"]}
 MARKER_ABORT = FLAG["marker_abort"]
 
-# txnbuffer.snap: magic, version, 3 reserved, replay-from offset, then the
-# ongoing and aborted tables (_txn to_bytes), then crc32c of all before it.
+# txnbuffer.snap: magic, version, flags, 2 reserved, replay-from offset, then
+# the ongoing and aborted tables (_txn to_bytes), then crc32c of all before it.
 TXNBUF_MAGIC = b"TXTB"
 TXNBUF_VERSION = 1
-TXNBUF_HEAD = struct.Struct("<4sB3xq")
+TXNBUF_HEAD = struct.Struct("<4sBB2xq")
+TXNBUF_HAS_TXN_DATA = 1      # flags: the log has held transactional batches
 # A snapshot is written after this many transactions ended here (or as many
 # as are open, if more), or by the broker's timer when anything changed.
 SNAPSHOT_EVERY_TXNS = 1000
@@ -116,6 +117,7 @@ class Partition:
         self.last_publish_time = 0
         self.ongoing = OngoingQueue()    # the transaction buffer (module docstring)
         self.aborted = AbortSet()
+        self.txn_seen = False            # any transactional batch (so any marker) in the log
         self._ended_since_snapshot = 0
         self._snapshot_lock = threading.Lock()
         os.makedirs(self.path, exist_ok=True)
@@ -380,6 +382,7 @@ class Partition:
                 txn.check_open("send")
                 txn_hi, txn_lo = txn.words
                 flags |= TRANSACTIONAL
+                self.txn_seen = True
                 # Entered before its bytes are readable: see the module docstring.
                 added = self.ongoing.add(txn_hi, txn_lo, seg.next_offset, now)
             try:
@@ -440,6 +443,27 @@ class Partition:
                 cb(self)
         return base
 
+    def undeliverable(self, start: int, end: int, skip_aborted: bool) -> int:
+        """How many offsets in [start, end) are never delivered: markers,
+        and with ``skip_aborted`` (READ_COMMITTED) aborted data. Scans the
+        batch headers of the range; 0 at once for a log that never held a
+        transaction."""
+        if not self.txn_seen or end <= start:
+            return 0
+        n = 0
+        seg, pos = self.segment_for(start)
+        try:
+            while seg is not None:
+                info = seg.batch_at(pos)
+                if info.base_offset >= end:
+                    break
+                if info.flags & TRANSACTIONAL and (info.is_control or (skip_aborted and self.is_aborted(info))):
+                    n += min(end, info.next_offset) - max(start, info.base_offset)
+                seg, pos = self.next_batch(seg, pos)
+        except SegmentClosedError:   # retention moved the start: count what is left
+            return self.undeliverable(max(start, self.start_offset), end, skip_aborted)
+        return n
+
     def is_aborted(self, info) -> bool:
         """Whether the batch ``info`` belongs to an aborted transaction."""
         return bool(info.flags & TRANSACTIONAL) and self.aborted.contains(info.txn_hi, info.txn_lo)
@@ -454,7 +478,8 @@ class Partition:
                 if not self._segments or (if_changed and not self._ended_since_snapshot):
                     return False
                 offset = self.end_offset
-                body = (TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, offset)
+                flags = TXNBUF_HAS_TXN_DATA if self.txn_seen else 0
+                body = (TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, flags, offset)
                         + self.ongoing.to_bytes() + self.aborted.to_bytes())
                 self._ended_since_snapshot = 0
             path = os.path.join(self.path, "txnbuffer.snap")
@@ -477,7 +502,7 @@ class Partition:
         try:
             if len(raw) < TXNBUF_HEAD.size + 12 or struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
                 raise ValueError("bad length or CRC")
-            magic, version, offset = TXNBUF_HEAD.unpack_from(raw)
+            magic, version, flags, offset = TXNBUF_HEAD.unpack_from(raw)
             if magic != TXNBUF_MAGIC or version != TXNBUF_VERSION:
                 raise ValueError(f"bad magic or version {magic!r} {version}")
             body = raw[TXNBUF_HEAD.size:-4]
@@ -492,6 +517,7 @@ class Partition:
             # Taken past a tail that recovery cut, or before retention
             # deleted what it starts from: rebuild from the log.
             return None
+        self.txn_seen = bool(flags & TXNBUF_HAS_TXN_DATA)
         return offset, ongoing, aborted
 
     def _recover_txn_buffer(self) -> None:
@@ -509,6 +535,7 @@ class Partition:
             replayed += 1
             info = seg.batch_at(pos)
             if info.flags & TRANSACTIONAL and info.base_offset >= offset:
+                self.txn_seen = True
                 hi, lo = info.txn_hi, info.txn_lo
                 if info.is_control:
                     first = ongoing.remove(hi, lo)

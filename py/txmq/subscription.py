@@ -742,7 +742,9 @@ class Subscription:
                     "partition": lane.partition.index,
                     "mark_delete": md,
                     "individually_acked": lane.cursor.acked.count(),
-                    "backlog": max(0, limit - md) - lane.cursor.acked.count_in(md, limit),
+                    "backlog": max(0, limit - md) - lane.cursor.acked.count_in(md, limit)
+                               - lane.partition.undeliverable(max(md, lane.read_offset), limit,
+                                                              self.isolation == "read_committed"),
                     "unacked": lane.outstanding_count(),
                     "pending_redelivery": len(lane.redeliver),
                     "cursor_problems_on_open": list(lane.cursor.problems),
