@@ -15,7 +15,7 @@ done by SQLite in one SQLite transaction.
    subscription against a read_uncommitted one on the same data, with
    ``receive_many`` + ``ack`` and with ``receive_batch`` + ``ack``.
 5. ``Broker(path)`` after SIGKILL with 1,000,000 transactions in the logs,
-   against 10,000; and with 1,019,996, where every coordinator log is one
+   against 10,000; and with 1,023,996, where every coordinator log is one
    transaction short of its compaction (marker ``reopen``: it runs last).
 
 Each test is one side of a comparison (conftest.COMPARISONS). Goals are
@@ -296,14 +296,14 @@ def test_read_committed_with_aborts(api, side, measure, aborted_topic):
 # -- 5. reopen after SIGKILL with many transactions in the logs ---------------------------
 
 # What opening replays is bounded by three cycles, not by the count: a
-# coordinator log is compacted every 20,000 frames (5,000 transactions of 4
-# frames on each of the 4 coordinators), the transaction buffer is
-# snapshotted every 1,000 ended transactions, the recovery point moves every
-# 16 MiB. 1,000,000 is a multiple of 20,000, so the coordinator logs are
-# empty there (the easy phase); 1,019,996 leaves each of them one
-# transaction short of its next compaction, 19,997 frames to replay (the
-# hard phase). 10,000 sits half way (10,001 frames each).
-REOPEN_TXNS = {"10k txns": 10_000, "1M txns": 1_000_000, "1.02M txns": 1_019_996}
+# coordinator log is compacted once it holds 4,096 frames (plus 4 per live
+# transaction), i.e. every ~1,024 transactions of 4 frames on each of the 4
+# coordinators; the transaction buffer is snapshotted every 1,000 ended
+# transactions; the recovery point moves every 16 MiB. Each coordinator
+# gets n/4 transactions, so n frames: 1,000,000 leaves 576 frames per log
+# to replay (an easy phase), 1,023,996 leaves 4,092, just short of a
+# compaction (the hard phase), 10,000 leaves 1,808.
+REOPEN_TXNS = {"10k txns": 10_000, "1M txns": 1_000_000, "1.02M txns": 1_023_996}
 
 CHILD = r"""
 import os, signal, sys, time

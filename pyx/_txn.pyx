@@ -557,14 +557,14 @@ def pack_txn(uint64_t hi, uint64_t lo):
 
 
 cdef class _Reader:
-    """Bounds-checked little-endian reads over one frame payload."""
-    cdef const uint8_t[::1] v
+    """Bounds-checked little-endian reads over one frame payload (bytes)."""
+    cdef bytes data
     cdef const char *p
     cdef Py_ssize_t pos, n
 
-    def __cinit__(self, data):
-        self.v = data if len(data) else b"\0"
-        self.p = <const char *>&self.v[0]
+    cdef reset(self, bytes data):
+        self.data = data
+        self.p = PyBytes_AS_STRING(data)
         self.n = len(data)
         self.pos = 0
 
@@ -607,17 +607,19 @@ def replay_coordinator(frames):
     Returns ``(next_lo, txns)``: the lowest sequence word never used, and
     ``{(hi, lo): [state, timeout_ms, start_ms, partitions, subscriptions]}``
     with ``partitions`` a set of (topic, partition) and ``subscriptions`` a
-    set of (topic, subscription). Transactions whose final record is logged
-    stay in with state COMMITTED / ABORTED, so recovery knows their outcome.
+    set of (topic, subscription), each None when empty. Transactions whose
+    final record is logged stay in with state COMMITTED / ABORTED (and no
+    participants), so recovery knows their outcome.
     Raises ValueError on a frame that passed its CRC but does not parse.
     """
     cdef dict txns = {}
-    cdef uint64_t next_lo = 0
+    cdef uint64_t next_lo = 0, lo
     cdef uint32_t n, k, j
-    cdef _Reader r
+    cdef _Reader r = _Reader()
     cdef int kind
+    cdef list entry
     for kind, payload in frames:
-        r = _Reader(payload)
+        r.reset(payload)
         if kind == 1:
             txns.clear()
             next_lo = r.u64()
@@ -627,33 +629,47 @@ def replay_coordinator(frames):
                 state = r.u8()
                 timeout = r.i64()
                 start = r.i64()
-                parts = set()
+                parts = subs = None
                 for j in range(r.u32()):
                     topic = r.text()
+                    parts = parts or set()
                     parts.add((topic, <int>r.u32()))
-                subs = set()
                 for j in range(r.u32()):
                     topic = r.text()
+                    subs = subs or set()
                     subs.add((topic, r.text()))
                 txns[key] = [state, timeout, start, parts, subs]
         elif kind == TC_BEGIN:
             key = r.txn()
             timeout = r.i64()
-            txns[key] = [OPEN, timeout, r.i64(), set(), set()]
-            if key[1] >= next_lo:
-                next_lo = key[1] + 1
+            txns[key] = [OPEN, timeout, r.i64(), None, None]
+            lo = key[1]
+            if lo >= next_lo:
+                next_lo = lo + 1
         elif kind == TC_ADD_PARTITION:
-            key = r.txn()
+            entry = _txn_entry(txns, r.txn())
             topic = r.text()
-            _txn_entry(txns, key)[3].add((topic, <int>r.u32()))
+            if entry[3] is None:
+                entry[3] = set()
+            entry[3].add((topic, <int>r.u32()))
         elif kind == TC_ADD_SUBSCRIPTION:
-            key = r.txn()
+            entry = _txn_entry(txns, r.txn())
             topic = r.text()
-            _txn_entry(txns, key)[4].add((topic, r.text()))
-        elif kind in (TC_COMMITTING, TC_ABORTING, TC_COMMITTED, TC_ABORTED):
-            key = r.txn()
-            _txn_entry(txns, key)[0] = {TC_COMMITTING: COMMITTING, TC_ABORTING: ABORTING,
-                                        TC_COMMITTED: COMMITTED, TC_ABORTED: ABORTED}[kind]
+            if entry[4] is None:
+                entry[4] = set()
+            entry[4].add((topic, r.text()))
+        elif kind == TC_COMMITTING:
+            _txn_entry(txns, r.txn())[0] = COMMITTING
+        elif kind == TC_ABORTING:
+            _txn_entry(txns, r.txn())[0] = ABORTING
+        elif kind == TC_COMMITTED:
+            entry = _txn_entry(txns, r.txn())
+            entry[0] = COMMITTED
+            entry[3] = entry[4] = None      # only the outcome is needed now
+        elif kind == TC_ABORTED:
+            entry = _txn_entry(txns, r.txn())
+            entry[0] = ABORTED
+            entry[3] = entry[4] = None
         else:
             raise ValueError(f"unknown coordinator frame type {kind}")
         r.end()
@@ -672,6 +688,8 @@ def encode_coordinator_snapshot(uint64_t next_lo, txns):
     out = [_pack_i64(<int64_t>next_lo), _pack_u32(len(txns))]
     for (hi, lo), (state, timeout, start, parts, subs) in txns.items():
         out.append(_pack_txn(hi, lo) + bytes([state]) + _pack_i64(timeout) + _pack_i64(start))
+        parts = parts or ()
+        subs = subs or ()
         out.append(_pack_u32(len(parts)))
         for topic, p in sorted(parts):
             out.append(encode_text(topic) + _pack_u32(p))
@@ -697,11 +715,11 @@ def replay_pending(frames):
     """
     cdef dict txns = {}
     cdef uint32_t n, k, j
-    cdef _Reader r
+    cdef _Reader r = _Reader()
     cdef const char *p
     cdef int kind
     for kind, payload in frames:
-        r = _Reader(payload)
+        r.reset(payload)
         if kind == 1:
             txns.clear()
             n = r.u32()

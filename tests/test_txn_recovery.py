@@ -60,7 +60,7 @@ def test_decided_transaction_is_completed_on_open(tmp_path):
         b.producer("t").send(b"out1", partition=1, txn=txn)
         c.ack(m, txn=txn)
         tc = b._coordinators[0]
-        tc.record_decision(txn.id, True)     # step 2 only: as if the process died here
+        tc.record_decision(txn.id.words, True)     # step 2 only: as if the process died here
         tc.log.sync(force=True)
     with txmq.Broker(path, num_coordinators=1) as b:
         assert b.stats()["transactions"]["recovered"]["committed"] == 2

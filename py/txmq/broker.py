@@ -30,6 +30,7 @@ import threading
 import time
 
 from txmq.consumer import Consumer
+from txmq._txn import COMMITTED, COMMITTING, OPEN
 from txmq.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, DataDirLockedError, InvalidArgumentError,
                          InvalidTxnTimeoutError, IsolationLevelMismatchError, SubscriptionBusyError,
@@ -170,21 +171,25 @@ class Broker:
         count = max([self.num_coordinators] + [i + 1 for i in existing])
         self._coordinators = [TransactionCoordinator(self, i, os.path.join(cdir, f"tc-{i}.log"), self.fsync)
                               for i in range(count)]
-        decisions: dict[TxnID, bool] = {}
+        logged = {}                                # (hi, lo) -> entry, every coordinator
         for tc in self._coordinators:
-            for txn_id, (state, *_rest) in tc.replay().items():
-                decided = state in (1, 3)          # COMMITTING, COMMITTED
-                decisions[txn_id] = decided
-                if state == 0:                     # OPEN: abort it
-                    tc.record_decision(txn_id, False)
+            txns = tc.replay()
+            for words, entry in txns.items():
+                if entry[0] == OPEN:               # undecided: abort it
+                    tc.record_decision(words, False)
+            logged.update(txns)
+
+        def commits(words) -> bool:
+            entry = logged.get(words)              # unknown to its coordinator: abort
+            return entry is not None and entry[0] in (COMMITTING, COMMITTED)
+
         partitions = [p for t in self._topics.values() for p in t.partitions]
         subs = [s for t in self._topics.values() for s in t.subscriptions.values()]
         ended = self.recovered_transactions
         for p in partitions:
             for hi, lo, _, _ in p.ongoing.entries():
-                txn_id = TxnID.from_words(hi, lo)
-                self._saw(txn_id)
-                commit = decisions.get(txn_id, False)
+                self._saw(TxnID.from_words(hi, lo))
+                commit = commits((hi, lo))
                 p.end_txn((hi, lo), commit)
                 ended["committed" if commit else "aborted"] += 1
             for hi, lo, _, _ in p.aborted.entries():
@@ -192,7 +197,7 @@ class Broker:
         for s in subs:
             for txn_id in s.pending_txns():
                 self._saw(txn_id)
-                s.end_txn(txn_id, decisions.get(txn_id, False))
+                s.end_txn(txn_id, commits(txn_id.words))
         if self.fsync != "never":
             for p in partitions:
                 p.sync_to(p.end_offset)

@@ -38,7 +38,7 @@ log = logging.getLogger("txmq.coordinator")
 # this many frames more than the live transactions need, so replay on open
 # stays short however many ended, and the cost of a snapshot (proportional
 # to the live transactions) is spread over as many frames.
-COMPACT_FRAMES = 8_192
+COMPACT_FRAMES = 4_096
 LIVE_FRAMES = 4
 _TIMES = struct.Struct("<qq")
 
@@ -68,8 +68,8 @@ class TransactionCoordinator:
     # -- recovery --------------------------------------------------------------
 
     def replay(self) -> dict:
-        """The log's transactions as ``{TxnID: [state, timeout_ms, start_ms,
-        partitions, subscriptions]}`` (see :func:`replay_coordinator`)."""
+        """The log's transactions as ``{(hi, lo): [state, timeout_ms,
+        start_ms, partitions, subscriptions]}`` (see :func:`replay_coordinator`)."""
         frames = self.log.replay()
         if self.log.dropped is not None:
             pos, reason, n = self.log.dropped
@@ -80,16 +80,16 @@ class TransactionCoordinator:
         except ValueError as e:
             raise CorruptLogError(self.log.path, 0, f"coordinator frame: {e}") from None
         self.next_seq = max(self.next_seq, next_lo, 1)
-        return {TxnID.from_words(*words): entry for words, entry in txns.items()}
+        return txns
 
     def saw(self, sequence: int) -> None:
         """A participant knows ``sequence``: never hand it out again."""
         if sequence >= self.next_seq:
             self.next_seq = sequence + 1
 
-    def record_decision(self, txn_id: TxnID, commit: bool) -> None:
+    def record_decision(self, words: tuple, commit: bool) -> None:
         with self.lock:
-            self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*txn_id.words))
+            self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*words))
 
     def finish_recovery(self) -> None:
         """Every recovered transaction is applied (the broker has made its

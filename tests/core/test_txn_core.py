@@ -184,14 +184,16 @@ def test_replay_coordinator_and_snapshot_roundtrip():
     w1, w2, w3 = (T.txn_words(1, s) for s in (1, 2, 3))
     assert next_lo == 4
     assert txns[w1] == [T.COMMITTING, 5000, 123, {("orders", 3)}, {("orders", "billing")}]
-    assert txns[w2][0] == T.OPEN and txns[w3][0] == T.ABORTED
+    assert txns[w2] == [T.OPEN, 60000, 124, None, None] and txns[w3][0] == T.ABORTED
     # Through the real frame encoder, and a snapshot of the result.
     raw = b"".join(frame(k, p) for k, p in frames)
     parsed, end, reason = parse(raw, 0)
     assert reason is None and T.replay_coordinator([(k, p) for k, p, _ in parsed]) == (next_lo, txns)
     snap = T.encode_coordinator_snapshot(next_lo, {w1: txns[w1], w2: txns[w2]})
+    again = T.replay_coordinator([(1, snap)])
+    assert again == (4, {w1: txns[w1], w2: txns[w2]})
     again = T.replay_coordinator([(1, snap), (T.TC_COMMITTED, _txn(1, 1))])
-    assert again[0] == 4 and again[1][w1][0] == T.COMMITTED and again[1][w2] == txns[w2]
+    assert again[1][w1] == [T.COMMITTED, 5000, 123, None, None]
 
 
 def test_replay_coordinator_rejects_bad_frames():
