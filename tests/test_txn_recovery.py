@@ -180,3 +180,37 @@ def test_coordinator_log_is_compacted(tmp_path, monkeypatch):
         assert b.stats()["transactions"]["recovered"]["aborted"] == len(open_ids)
         c = b.subscribe("t", "s", initial_position="earliest")
         assert drain(c) == [b"%d" % i for i in range(300) if i % 3 == 1]
+
+
+def test_failed_fan_out_is_retried_until_it_succeeds(tmp_path, monkeypatch):
+    """A participant failing to write its marker does not lose the commit:
+    commit() returns once the decision is durable, and the broker's retry
+    timer finishes the fan-out."""
+    import time
+    from txmq.partition import Partition
+
+    real = Partition.end_txn
+    failures = {"left": 3}
+
+    def flaky(self, words, commit):
+        if self.index == 1 and failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError(28, "No space left on device")
+        return real(self, words, commit)
+
+    monkeypatch.setattr(Partition, "end_txn", flaky)
+    with txmq.Broker(tmp_path / "d", fsync="never") as b:
+        b.create_topic("t", partitions=2)
+        c = b.subscribe("t", "s", initial_position="earliest")
+        txn = b.new_transaction()
+        for p in (0, 1):
+            b.producer("t").send(b"p%d" % p, partition=p, txn=txn)
+        txn.commit()                                   # the decision holds
+        assert txn.state is txmq.TxnState.COMMITTING   # partition 1 still owes its marker
+        assert [m.value for m in c.receive_many(10, 0.1)] == [b"p0"]
+        deadline = time.monotonic() + 10
+        while txn.state is not txmq.TxnState.COMMITTED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert txn.state is txmq.TxnState.COMMITTED and failures["left"] == 0
+        assert [m.value for m in c.receive_many(10, 0.5)] == [b"p1"]
+        assert b.transactions() == []
