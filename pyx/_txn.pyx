@@ -197,18 +197,24 @@ cdef class OngoingQueue:
     @staticmethod
     def from_bytes(data):
         """Inverse of :meth:`to_bytes`; returns (queue, bytes consumed)."""
-        cdef const uint8_t[::1] v = data
-        if v.shape[0] < 4:
-            raise ValueError("ongoing table shorter than its count")
-        cdef const char *p = <const char *>&v[0]
-        cdef uint32_t n = load_u32(p), k
-        if v.shape[0] < 4 + 32 * <Py_ssize_t>n:
-            raise ValueError(f"ongoing table of {n} entries has {v.shape[0]} bytes")
         q = OngoingQueue()
-        for k in range(n):
-            q.add(load_u64(p + 4 + 32 * k), load_u64(p + 12 + 32 * k),
-                  load_i64(p + 20 + 32 * k), load_i64(p + 28 + 32 * k))
-        return q, 4 + 32 * n
+        return q, _load_table(data, "ongoing", q.add)
+
+
+cdef Py_ssize_t _load_table(data, str what, add) except -1:
+    """Feed each (u64, u64, i64, i64) entry of a counted table to ``add``;
+    return the bytes the table took."""
+    cdef const uint8_t[::1] v = data
+    if v.shape[0] < 4:
+        raise ValueError(f"{what} table shorter than its count")
+    cdef const char *p = <const char *>&v[0]
+    cdef uint32_t n = load_u32(p), k
+    if v.shape[0] < 4 + 32 * <Py_ssize_t>n:
+        raise ValueError(f"{what} table of {n} entries has {v.shape[0]} bytes")
+    for k in range(n):
+        add(load_u64(p + 4 + 32 * k), load_u64(p + 12 + 32 * k),
+            load_i64(p + 20 + 32 * k), load_i64(p + 28 + 32 * k))
+    return 4 + 32 * n
 
 
 # -- the abort set -----------------------------------------------------------------
@@ -384,18 +390,8 @@ cdef class AbortSet:
     @staticmethod
     def from_bytes(data):
         """Inverse of :meth:`to_bytes`; returns (set, bytes consumed)."""
-        cdef const uint8_t[::1] v = data
-        if v.shape[0] < 4:
-            raise ValueError("abort table shorter than its count")
-        cdef const char *p = <const char *>&v[0]
-        cdef uint32_t n = load_u32(p), k
-        if v.shape[0] < 4 + 32 * <Py_ssize_t>n:
-            raise ValueError(f"abort table of {n} entries has {v.shape[0]} bytes")
         s = AbortSet()
-        for k in range(n):
-            s.add(load_u64(p + 4 + 32 * k), load_u64(p + 12 + 32 * k),
-                  load_i64(p + 20 + 32 * k), load_i64(p + 28 + 32 * k))
-        return s, 4 + 32 * n
+        return s, _load_table(data, "abort", s.add)
 
 
 # -- pending acknowledgements --------------------------------------------------------

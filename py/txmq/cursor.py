@@ -145,19 +145,21 @@ class Cursor:
         self._persisted(sync)
         return new
 
-    def ack_range(self, start: int, end: int) -> int:
+    def ack_range(self, start: int, end: int, sync: bool = True) -> int:
         """Acknowledge [start, end) (the batch fast path); return how many were new."""
         start = max(start, self.mark_delete)
         if end <= start:
             return 0
         before = self.acked.count_in(start, end)
+        if before == end - start:
+            return 0
         if start == self.mark_delete:
             self.log.append(MARK_DELETE, _I64.pack(end))
             self._set_mark_delete(end)
         else:
             self.log.append(ACK_RANGE, struct.pack("<qq", start, end))
             self.acked.add_range(start, end)
-        self._persisted()
+        self._persisted(sync)
         return (end - start) - before
 
     def ack_cumulative(self, offset: int, sync: bool = True) -> bool:
@@ -174,16 +176,7 @@ class Cursor:
         delivered (transaction markers, aborted batches under
         READ_COMMITTED). The frame is not synced: if it is lost, the reader
         passes those offsets again after a reopen and skips them again."""
-        start = max(start, self.mark_delete)
-        if end > start and self.acked.count_in(start, end) < end - start:
-            if start == self.mark_delete:
-                self.log.append(MARK_DELETE, _I64.pack(end))
-                self._set_mark_delete(end)
-            else:
-                self.log.append(ACK_RANGE, struct.pack("<qq", start, end))
-                self.acked.add_range(start, end)
-                self._advance()
-            self._persisted(False)
+        self.ack_range(start, end, sync=False)
 
     def reset(self, offset: int) -> None:
         """Move the cursor to ``offset`` (seek) and forget individual acks."""

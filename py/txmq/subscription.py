@@ -483,8 +483,8 @@ class Subscription:
             raise NotAcknowledgeableError(message_id, "offset is not in the partition")
         return lane
 
-    def ack(self, message_ids) -> int:
-        """Acknowledge individually; return how many were newly acknowledged."""
+    def _lanes_of(self, message_ids) -> list:
+        """[(lane, offsets)] of message ids, every id checked."""
         try:
             groups = group_offsets(message_ids if type(message_ids) is list else list(message_ids))
         except TypeError as e:
@@ -495,6 +495,11 @@ class Subscription:
             lane = self._lane_of(MessageId(topic, partition, max(offsets)))
             self._lane_of(MessageId(topic, partition, min(offsets)))
             checked.append((lane, offsets))
+        return checked
+
+    def ack(self, message_ids) -> int:
+        """Acknowledge individually; return how many were newly acknowledged."""
+        checked = self._lanes_of(message_ids)
         n = 0
         with self.cond:
             for lane, offsets in checked:
@@ -565,16 +570,7 @@ class Subscription:
         """Acknowledge ``message_ids`` inside transaction ``meta``: checked
         against every conflict rule first (nothing changes on a conflict),
         then written to the pending-ack logs. Return how many were new."""
-        try:
-            groups = group_offsets(message_ids if type(message_ids) is list else list(message_ids))
-        except TypeError as e:
-            raise NotAcknowledgeableError(message_ids[0] if message_ids else None, str(e)) from None
-        checked = []
-        for (topic, partition), offsets in groups.items():
-            lane = self._lane_of(MessageId(topic, partition, max(offsets)))
-            self._lane_of(MessageId(topic, partition, min(offsets)))
-            checked.append((lane, offsets))
-        return self._ack_txn_lanes(meta, checked)
+        return self._ack_txn_lanes(meta, self._lanes_of(message_ids))
 
     def ack_range_txn(self, meta, partition: int, offsets: list) -> int:
         """:meth:`ack_txn` of sorted offsets of one partition (Arrow batches)."""
