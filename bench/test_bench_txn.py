@@ -15,8 +15,8 @@ done by SQLite in one SQLite transaction.
    subscription against a read_uncommitted one on the same data, with
    ``receive_many`` + ``ack`` and with ``receive_batch`` + ``ack``.
 5. ``Broker(path)`` after SIGKILL with 1,000,000 transactions in the logs,
-   against 10,000; and with 1,023,996, where every coordinator log is one
-   transaction short of its compaction (marker ``reopen``: it runs last).
+   against 10,000; and with 1,025,684, another phase of the compaction and
+   snapshot cycles (marker ``reopen``: it runs last).
 
 Each test is one side of a comparison (conftest.COMPARISONS). Goals are
 reported, never asserted.
@@ -295,15 +295,15 @@ def test_read_committed_with_aborts(api, side, measure, aborted_topic):
 
 # -- 5. reopen after SIGKILL with many transactions in the logs ---------------------------
 
-# What opening replays is bounded by three cycles, not by the count: a
-# coordinator log is compacted once it holds 4,096 frames (plus 4 per live
-# transaction), i.e. every ~1,024 transactions of 4 frames on each of the 4
-# coordinators; the transaction buffer is snapshotted every 1,000 ended
-# transactions; the recovery point moves every 16 MiB. Each coordinator
-# gets n/4 transactions, so n frames: 1,000,000 leaves 576 frames per log
-# to replay (an easy phase), 1,023,996 leaves 4,092, just short of a
-# compaction (the hard phase), 10,000 leaves 1,808.
-REOPEN_TXNS = {"10k txns": 10_000, "1M txns": 1_000_000, "1.02M txns": 1_023_996}
+# What opening replays is bounded by cycles, not by the count: a
+# coordinator log is compacted once it holds 2,048 frames (plus 4 per live
+# transaction), i.e. every ~512 transactions of 4 frames on each of the 4
+# coordinators, and each compaction also writes a recovery point in the
+# partitions it touched; the transaction buffer is snapshotted every 1,000
+# ended transactions. Where in those cycles the kill lands decides what is
+# replayed; measured: 10,000 leaves 1,809 coordinator frames per log and
+# 1,025,684 leaves 1,685 (a third point, at another phase of the cycles).
+REOPEN_TXNS = {"10k txns": 10_000, "1M txns": 1_000_000, "1.02M txns": 1_025_684}
 
 CHILD = r"""
 import os, signal, sys, time

@@ -38,7 +38,7 @@ log = logging.getLogger("txmq.coordinator")
 # this many frames more than the live transactions need, so replay on open
 # stays short however many ended, and the cost of a snapshot (proportional
 # to the live transactions) is spread over as many frames.
-COMPACT_FRAMES = 4_096
+COMPACT_FRAMES = 2_048
 LIVE_FRAMES = 4
 _TIMES = struct.Struct("<qq")
 
@@ -277,12 +277,14 @@ class TransactionCoordinator:
         it again."""
         touched, self._touched = self._touched, {}
         touched_subs, self._touched_subs = self._touched_subs, {}
-        if self.fsync != "never":
-            for p in touched.values():
-                try:
-                    p.sync_to(p.end_offset)
-                except BrokerClosedError:
-                    pass
+        for p in touched.values():
+            try:
+                # Durable markers (unless fsync="never") and a recovery point
+                # there: reopening then scans no more log than one compaction
+                # cycle wrote.
+                p.flush()
+            except BrokerClosedError:
+                pass
         for s in touched_subs.values():
             if not s.closed:
                 s.sync_commits()

@@ -707,6 +707,8 @@ class Partition:
     def flush(self) -> None:
         """Write indexes and a recovery point for everything appended so far."""
         with self.lock:
+            if not self._segments:
+                raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
             self._checkpoint()
 
     def close(self) -> None:
