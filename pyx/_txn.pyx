@@ -24,6 +24,8 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 
 import numpy as np
 
+from txmq._ackset import AckSet, add_many
+
 from _bytes cimport load_u16, load_u32, load_i64, load_u64, store_u32, store_i64, store_u64
 
 # Frame types of a coordinator log (SNAPSHOT = 1 is the redo log's own).
@@ -79,9 +81,11 @@ cdef class OngoingQueue:
         if self.cap:
             for new, old in zip(cols, (self._hi, self._lo, self._first, self._since, self._alive)):
                 new[:n] = old[self.head:self.tail]
-        self._hi, self._lo, self._first, self._since, self._alive = cols
         h, l, f, s, a = cols
+        # Pointers first, then drop the old columns: nothing in between may
+        # run code that reads through a stale pointer.
         self.hi, self.lo, self.first, self.since, self.alive = &h[0], &l[0], &f[0], &s[0], &a[0]
+        self._hi, self._lo, self._first, self._since, self._alive = cols
         self.origin += self.head
         self.tail = n
         self.head = 0
@@ -408,8 +412,10 @@ cdef class PendingAckTable:
     cdef dict indiv          # txn -> list of offsets
     cdef dict cumulative     # txn -> offset (everything at or below it)
     cdef dict low            # txn -> lowest individual offset
+    cdef object held         # AckSet of every individual offset held
 
     def __cinit__(self):
+        self.held = AckSet()
         self.owner = {}
         self.indiv = {}
         self.cumulative = {}
@@ -440,15 +446,15 @@ cdef class PendingAckTable:
         return False
 
     def next_pending(self, int64_t start):
-        """The lowest pending offset at or above ``start``, or -1."""
+        """The lowest pending offset at or above ``start``, or -1 (a binary
+        search in the held ranges)."""
         for c in self.cumulative.values():
             if c >= start:
                 return start
-        cdef int64_t best = -1, o
-        for o in self.owner:
-            if o >= start and (best < 0 or o < best):
-                best = o
-        return best
+        r = self.held.next_acked(start)
+        if r is None:
+            return -1
+        return max(r[0], start)
 
     def conflict_individual(self, txn, offsets, int64_t mark_delete, acked):
         """Why acking ``offsets`` in ``txn`` conflicts, or None."""
@@ -496,6 +502,7 @@ cdef class PendingAckTable:
             m = min(new)
             if txn not in self.low or m < self.low[txn]:
                 self.low[txn] = m
+            add_many(self.held, np.asarray(new, np.int64))
         elif not mine:
             del self.indiv[txn]
         return new
@@ -504,11 +511,17 @@ cdef class PendingAckTable:
         if offset > self.cumulative.get(txn, -1):
             self.cumulative[txn] = offset
 
+    def peek(self, txn):
+        """(individual offsets, cumulative offset or -1) of ``txn``, kept."""
+        return list(self.indiv.get(txn, ())), self.cumulative.get(txn, -1)
+
     def take(self, txn):
         """Remove and return (individual offsets, cumulative offset or -1) of ``txn``."""
         offs = self.indiv.pop(txn, [])
+        remove = self.held.remove
         for o in offs:
             del self.owner[o]
+            remove(o)
         self.low.pop(txn, None)
         return offs, self.cumulative.pop(txn, -1)
 

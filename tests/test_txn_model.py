@@ -727,7 +727,9 @@ class TxnModel(RuleBasedStateMachine):
         self.broker = txmq.Broker(self.dir, fsync="never")
         recovered = 0
         for T in was_open:
-            recovered += len(T.first)
+            # Counted once per transaction that a partition (data) or a
+            # subscription (pending acks) still held.
+            recovered += bool(T.first or any(T.indiv.values()) or T.cum)
             self._end(T, False, "recovery")
         for lane in self.lanes.values():
             lane.outstanding.clear()

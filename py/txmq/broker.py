@@ -186,18 +186,21 @@ class Broker:
         partitions = [p for t in self._topics.values() for p in t.partitions]
         subs = [s for t in self._topics.values() for s in t.subscriptions.values()]
         ended = self.recovered_transactions
+        outcomes = {}
         for p in partitions:
             for hi, lo, _, _ in p.ongoing.entries():
                 self._saw(TxnID.from_words(hi, lo))
-                commit = commits((hi, lo))
+                commit = outcomes[(hi, lo)] = commits((hi, lo))
                 p.end_txn((hi, lo), commit)
-                ended["committed" if commit else "aborted"] += 1
             for hi, lo, _, _ in p.aborted.entries():
                 self._saw(TxnID.from_words(hi, lo))
         for s in subs:
             for txn_id in s.pending_txns():
                 self._saw(txn_id)
-                s.end_txn(txn_id, commits(txn_id.words))
+                commit = outcomes[txn_id.words] = commits(txn_id.words)
+                s.end_txn(txn_id, commit)
+        for commit in outcomes.values():
+            ended["committed" if commit else "aborted"] += 1
         if self.fsync != "never":
             for p in partitions:
                 p.sync_to(p.end_offset)

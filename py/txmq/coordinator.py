@@ -120,8 +120,8 @@ class TransactionCoordinator:
         key = (partition.topic, partition.index)
         with meta.lock:
             meta.check_open("send")
-            if key in meta.partitions:
-                return
+            if meta.partitions.get(key) is partition:
+                return        # (a topic deleted and created again is a new participant)
             with self.lock:
                 self.log.append(TC_ADD_PARTITION, pack_txn(*meta.words) + encode_text(partition.topic)
                                 + struct.pack("<I", partition.index))
@@ -132,7 +132,7 @@ class TransactionCoordinator:
         key = (subscription.topic.name, subscription.name)
         with meta.lock:
             meta.check_open("acknowledge")
-            if key in meta.subscriptions:
+            if meta.subscriptions.get(key) is subscription:
                 return
             with self.lock:
                 self.log.append(TC_ADD_SUBSCRIPTION, pack_txn(*meta.words) + encode_text(key[0])
@@ -168,12 +168,33 @@ class TransactionCoordinator:
             with s.cond:
                 pass
         if commit:
-            if self.fsync != "never":
-                for p in parts:
-                    p.sync_to(p.end_offset)
-                for s in subs:
-                    s.prepare_txn(meta.id)
+            try:
+                self._prepare(meta, parts, subs)
+            except BaseException:
+                # No decision is logged: the only way out is an abort.
+                log.exception("txmq: prepare of %s failed; aborting it", meta.id)
+                with meta.lock:
+                    meta.state = TxnState.ABORTING
+                    meta.reason = "prepare failed"
+                self._decide_and_apply(meta, False, parts, subs)
+                raise
             crashpoints.reached("txn.prepared")
+        self._decide_and_apply(meta, commit, parts, subs)
+
+    def _prepare(self, meta: TxnMeta, parts: list, subs: list) -> None:
+        """Step 1: every participant's data and pending acks durable (a
+        participant deleted meanwhile has nothing left to keep)."""
+        if self.fsync == "never":
+            return
+        for p in parts:
+            if self.broker._participant_exists(p):
+                p.sync_to(p.end_offset)
+        for s in subs:
+            if self.broker._participant_exists(s):
+                s.prepare_txn(meta.id)
+
+    def _decide_and_apply(self, meta: TxnMeta, commit: bool, parts: list, subs: list) -> None:
+        """Steps 2 to 4."""
         with self.lock:
             self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*meta.words))
             meta.decided = commit

@@ -50,7 +50,7 @@ class Producer:
         if txn is None:
             return p.append(spec)
         meta = txn._checked_meta(self._broker)
-        if (p.topic, p.index) not in meta.partitions:
+        if meta.partitions.get((p.topic, p.index)) is not p:
             self._broker._coordinator_of(meta).register_partition(meta, p)
         return p.append(spec, txn=meta)
 

@@ -644,7 +644,8 @@ class Subscription:
         frame = pack_txn(*txn_id.words)
         with self.cond:
             for lane in self.lanes:
-                offsets, cumulative = lane.pending.take(txn_id)
+                # Taken out only once applied: a failure leaves them for the retry.
+                offsets, cumulative = lane.pending.peek(txn_id)
                 if not offsets and cumulative < 0:
                     continue
                 if commit:
@@ -664,7 +665,9 @@ class Subscription:
                             for off in offsets:
                                 lane.redelivery_count.pop(off, None)
                     self._trim_ranges(lane)
+                    lane.pending.take(txn_id)
                 else:
+                    lane.pending.take(txn_id)
                     again = set(offsets)
                     if cumulative >= 0:
                         again.update(range(lane.cursor.mark_delete, cumulative + 1))
