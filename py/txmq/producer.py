@@ -62,7 +62,11 @@ class Producer:
         ``headers`` a dict or a list of (str, bytes) pairs; ``event_time``
         int milliseconds (default: the publish time); ``partition``
         overrides the partitioner; ``txn`` makes the message part of that
-        transaction (visible to READ_COMMITTED readers once it commits).
+        transaction (visible to READ_COMMITTED readers once it commits, and
+        made durable by the commit rather than by this call). Raises
+        :class:`~txmq.errors.TransactionTimeoutError` /
+        :class:`~txmq.errors.InvalidTxnStateError` when ``txn`` is no longer
+        open.
         """
         if self.closed or self._broker._closed:
             self._check_open()
