@@ -22,9 +22,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -33,9 +31,9 @@ import txmq
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import crash_worker as W  # noqa: E402
+from killer import SETTLE_TIMEOUT, start_and_kill  # noqa: E402
 
 WORKER = os.path.join(HERE, "crash_worker.py")
-SETTLE_TIMEOUT = 30.0
 
 
 class Model:
@@ -58,35 +56,15 @@ def run_and_kill(mode, data, fsync, cycle, rng, tmp_path):
     out_path = tmp_path / f"out-{cycle}.txt"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, WORKER, mode, str(data), fsync, str(cycle),
-                                 str(rng.randrange(1 << 30))],
-                                stdout=out, stderr=subprocess.PIPE, env=env)
-    after_ready = rng.random() < 0.8
-    try:
-        if after_ready:
-            deadline = time.monotonic() + SETTLE_TIMEOUT
-            while b"READY\n" not in out_path.read_bytes()[:64]:
-                if proc.poll() is not None:
-                    pytest.fail(f"worker exited with {proc.returncode}: {proc.stderr.read().decode()}")
-                assert time.monotonic() < deadline, "worker never became ready"
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.3))
-        else:  # anywhere from interpreter start-up through recovery to work
-            time.sleep(rng.uniform(0.0, 0.6))
-        if proc.poll() is not None:
-            pytest.fail(f"worker exited by itself with {proc.returncode}: {proc.stderr.read().decode()}")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=SETTLE_TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+    code, err, exited = start_and_kill(
+        [sys.executable, WORKER, mode, str(data), fsync, str(cycle), str(rng.randrange(1 << 30))],
+        env, out_path, rng, p_after_ready=0.8, after_ready=(0.0, 0.3))
+    if exited:
+        pytest.fail(f"worker exited by itself with {code}: {err}")
+    assert code == -signal.SIGKILL
     text = out_path.read_bytes().decode()
     lines = text.split("\n")[:-1]     # a line without its newline was cut by the kill
-    return lines, after_ready and "READY" in lines
+    return lines, "READY" in lines
 
 
 def drain(consumer):

@@ -45,7 +45,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -54,6 +53,7 @@ import txmq
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import txn_crash_worker as W  # noqa: E402
+from killer import start_and_kill  # noqa: E402
 
 WORKER = os.path.join(HERE, "txn_crash_worker.py")
 SETTLE_TIMEOUT = 60.0
@@ -654,38 +654,16 @@ def run_matrix_worker(data, fsync, cycle, seed, threads, tmp_path, rng, crash_at
     point kill it); return (lines, killed after READY, killed itself,
     None or what went wrong if it exited otherwise)."""
     out_path = tmp_path / f"matrix-{cycle}.txt"
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, WORKER, "matrix", str(data), fsync, str(cycle), str(seed),
-                                 str(threads), "small" if small else "default"],
-                                stdout=out, stderr=subprocess.PIPE, env=worker_env(crash_at))
-    after_ready = rng.random() < 0.85
-    try:
-        if after_ready:
-            deadline = time.monotonic() + SETTLE_TIMEOUT
-            while b"READY\n" not in out_path.read_bytes()[:64]:
-                if proc.poll() is not None:
-                    break
-                assert time.monotonic() < deadline, "worker never became ready"
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.05, 0.4))
-        else:   # anywhere from start-up through recovery to work
-            time.sleep(rng.uniform(0.0, 0.6))
-        self_killed = proc.poll() is not None       # a crash point fired
-        if not self_killed:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=SETTLE_TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        err = proc.stderr.read().decode()
-        proc.stderr.close()
+    code, err, self_killed = start_and_kill(
+        [sys.executable, WORKER, "matrix", str(data), fsync, str(cycle), str(seed), str(threads),
+         "small" if small else "default"],
+        worker_env(crash_at), out_path, rng, p_after_ready=0.85, after_ready=(0.05, 0.4))
     lines = read_lines(out_path)
     error = None
-    if proc.returncode != -signal.SIGKILL:
+    if code != -signal.SIGKILL:
         # A call raised what it must not (the worker printed the traceback
         # and exited): the broker must still recover from this exit.
-        error = f"worker exited with {proc.returncode}: {err.strip()[-1500:]}"
+        error = f"worker exited with {code}: {err.strip()[-1500:]}"
     return lines, "READY" in lines, self_killed, error
 
 

@@ -1,0 +1,44 @@
+"""Start a worker process and SIGKILL it at a random moment (shared by the
+crash tests)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+SETTLE_TIMEOUT = 30.0
+
+
+def start_and_kill(argv, env, out_path, rng, *, p_after_ready: float, after_ready: tuple,
+                   anytime: tuple = (0.0, 0.6)):
+    """Run ``argv`` with stdout to ``out_path``. With probability
+    ``p_after_ready`` wait for its ``READY`` line, then a uniform delay in
+    ``after_ready`` seconds; else a delay in ``anytime`` (start-up, recovery
+    or work). Then SIGKILL it unless it already exited.
+
+    Returns (return code, stderr text, exited by itself)."""
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, env=env)
+    try:
+        if rng.random() < p_after_ready:
+            deadline = time.monotonic() + SETTLE_TIMEOUT
+            while b"READY\n" not in out_path.read_bytes()[:64]:
+                if proc.poll() is not None:
+                    break
+                assert time.monotonic() < deadline, "worker never became ready"
+                time.sleep(0.005)
+            time.sleep(rng.uniform(*after_ready))
+        else:
+            time.sleep(rng.uniform(*anytime))
+        exited = proc.poll() is not None
+        if not exited:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=SETTLE_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+    return proc.returncode, err, exited
