@@ -39,7 +39,7 @@ log = logging.getLogger("txmq.coordinator")
 # stays short however many ended, and the cost of a snapshot (proportional
 # to the live transactions) is spread over as many frames.
 COMPACT_FRAMES = 2_048
-LIVE_FRAMES = 4
+LIVE_FRAMES = 16
 _TIMES = struct.Struct("<qq")
 
 
