@@ -27,6 +27,7 @@ import time
 import pytest
 
 import txmq
+from dirsnap import DirSnapshot
 
 pytestmark = [pytest.mark.reopen, pytest.mark.timeout(1800)]
 
@@ -80,45 +81,6 @@ def build_killed(path: str, total: int) -> int:
     return int(line.split()[1])
 
 
-class Snapshot:
-    """The files of a data directory right after the kill."""
-
-    def __init__(self, root: str):
-        self.root = root
-        self.sizes = {}
-        self.contents = {}
-        for d, _, files in os.walk(root):
-            for f in files:
-                p = os.path.join(d, f)
-                self.sizes[p] = os.path.getsize(p)
-                if not f.endswith(".log"):
-                    with open(p, "rb") as fh:
-                        self.contents[p] = fh.read()
-
-    def restore(self) -> None:
-        for d, _, files in os.walk(self.root):
-            for f in files:
-                p = os.path.join(d, f)
-                if p not in self.sizes:
-                    os.unlink(p)
-        for p, size in self.sizes.items():
-            if p in self.contents:
-                with open(p, "wb") as fh:
-                    fh.write(self.contents[p])
-            else:
-                os.truncate(p, size)
-        # The killed child had every page of its active segment mapped and
-        # resident (the zeroed tail included); closing trimmed that tail out
-        # of the page cache, so read it back in, as it was after the kill.
-        for d in {os.path.dirname(p) for p in self.sizes if p.endswith(".log")}:
-            active = max(f for f in os.listdir(d) if f.endswith(".log"))
-            with open(os.path.join(d, active), "rb", buffering=0) as fh:
-                buf = bytearray(1 << 20)
-                while fh.readinto(buf):
-                    pass
-        os.sync()
-
-
 @pytest.fixture
 def free_disk(tmp_path):
     free = shutil.disk_usage(tmp_path).free
@@ -134,7 +96,7 @@ def test_reopen_after_sigkill(size, measure, results, tmp_path, free_disk):
         t0 = time.perf_counter()
         count = build_killed(path, SIZES[size])
         build_s = time.perf_counter() - t0
-        snap = Snapshot(path)
+        snap = DirSnapshot(path)
         os.sync()
         open_times = []
 

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pytest
 
 import txmq
+from dirsnap import DirSnapshot
 from sqlite_baseline import SqliteQueue
 from test_bench_send import payloads
 
@@ -338,50 +339,6 @@ def build_killed_txns(path: str, n: int) -> float:
     if child.returncode != -signal.SIGKILL or not line.startswith("done"):
         raise RuntimeError(f"child exit {child.returncode}: {child.stdout[-500:]!r}")
     return float(line.split()[2])
-
-
-class DirSnapshot:
-    """The files of a data directory right after the kill: the partition
-    segments (``topics/<t>/<p>/<base>.log``) by size, since opening only
-    trims or extends them (no transaction is left to end, so no marker is
-    written), every other file by content (opening rewrites the coordinator
-    logs, indexes, recovery point, transaction-buffer snapshot)."""
-
-    def __init__(self, root: str):
-        self.root = root
-        self.sizes, self.contents = {}, {}
-        for d, _, files in os.walk(root):
-            for f in files:
-                p = os.path.join(d, f)
-                self.sizes[p] = os.path.getsize(p)
-                if not self._segment(p):
-                    with open(p, "rb") as fh:
-                        self.contents[p] = fh.read()
-
-    def _segment(self, p: str) -> bool:
-        rel = os.path.relpath(p, self.root).split(os.sep)
-        return rel[0] == "topics" and len(rel) == 4 and rel[3].endswith(".log") and rel[3][:-4].isdigit()
-
-    def restore(self) -> None:
-        for d, _, files in os.walk(self.root):
-            for f in files:
-                p = os.path.join(d, f)
-                if p not in self.sizes:
-                    os.unlink(p)
-        for p, size in self.sizes.items():
-            if p in self.contents:
-                with open(p, "wb") as fh:
-                    fh.write(self.contents[p])
-            else:
-                os.truncate(p, size)
-        # The killed child had its active segment mapped and resident.
-        for d in {os.path.dirname(p) for p in self.sizes if self._segment(p)}:
-            active = max(f for f in os.listdir(d) if f.endswith(".log"))
-            with open(os.path.join(d, active), "rb", buffering=0) as fh:
-                buf = bytearray(1 << 20)
-                while fh.readinto(buf):
-                    pass
-        os.sync()
 
 
 @pytest.fixture(scope="session")

@@ -169,6 +169,7 @@ def test_retention_trims_the_abort_set(tmp_path):
 def test_coordinator_log_is_compacted(tmp_path, monkeypatch):
     from txmq import coordinator
     monkeypatch.setattr(coordinator, "COMPACT_FRAMES", 100)
+    monkeypatch.setattr(coordinator, "LIVE_FRAMES", 1)
     path = tmp_path / "d"
     with txmq.Broker(path, fsync="commit", num_coordinators=1) as b:
         b.create_topic("t")

@@ -119,7 +119,6 @@ class Partition:
         self.aborted = AbortSet()
         self.txn_seen = False            # any transactional batch (so any marker) in the log
         self._ended_since_snapshot = 0
-        self._snapshot_lock = threading.Lock()
         os.makedirs(self.path, exist_ok=True)
         self._open()
         self._recover_txn_buffer()
@@ -473,24 +472,32 @@ class Partition:
     def snapshot_txn_buffer(self, if_changed: bool = False) -> bool:
         """Write ``txnbuffer.snap``: the buffer as of the log end. Opening
         then replays only the batches after it."""
-        with self._snapshot_lock:
-            with self.lock:
-                if not self._segments or (if_changed and not self._ended_since_snapshot):
-                    return False
-                offset = self.end_offset
-                flags = TXNBUF_HAS_TXN_DATA if self.txn_seen else 0
-                body = (TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, flags, offset)
-                        + self.ongoing.to_bytes() + self.aborted.to_bytes())
-                self._ended_since_snapshot = 0
-            path = os.path.join(self.path, "txnbuffer.snap")
-            tmp = path + ".tmp"
-            with open(tmp, "wb") as f:
-                f.write(body + struct.pack("<I", crc32c_of(body)))
-                if self.fsync != "never":
-                    f.flush()
-                    os.fdatasync(f.fileno())
-            os.replace(tmp, path)
-            return True
+        with self.lock:
+            if not self._segments or (if_changed and not self._ended_since_snapshot):
+                return False
+            body = self._txn_snapshot_body()
+        self._write_txn_snapshot(body)
+        return True
+
+    def _txn_snapshot_body(self) -> bytes:
+        """The snapshot of the buffer as of the log end (partition lock held)."""
+        flags = TXNBUF_HAS_TXN_DATA if self.txn_seen else 0
+        body = (TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, flags, self.end_offset)
+                + self.ongoing.to_bytes() + self.aborted.to_bytes())
+        self._ended_since_snapshot = 0
+        return body + struct.pack("<I", crc32c_of(body))
+
+    def _write_txn_snapshot(self, raw: bytes) -> None:
+        # Any snapshot within the log is a correct starting point, so
+        # writers need no order: each renames its own temporary file.
+        path = os.path.join(self.path, "txnbuffer.snap")
+        tmp = f"{path}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(raw)
+            if self.fsync != "never":
+                f.flush()
+                os.fdatasync(f.fileno())
+        os.replace(tmp, path)
 
     def _load_txn_snapshot(self):
         path = os.path.join(self.path, "txnbuffer.snap")
@@ -522,6 +529,9 @@ class Partition:
 
     def _recover_txn_buffer(self) -> None:
         """Load the snapshot and replay the batch headers after it."""
+        for name in os.listdir(self.path):
+            if name.startswith("txnbuffer.snap.") and name.endswith(".tmp"):
+                _unlink(os.path.join(self.path, name))      # a write a crash cut short
         had_snapshot = os.path.exists(os.path.join(self.path, "txnbuffer.snap"))
         snap = self._load_txn_snapshot()
         if snap is None:
@@ -570,15 +580,18 @@ class Partition:
             sync_dir(self.path)
         self._segments = self._segments + (seg,)
         self._write_recovery_point()
+        self._write_txn_snapshot(self._txn_snapshot_body())
 
     def _checkpoint(self) -> None:
         """Make the bytes so far durable (unless fsync="never") and record a
-        recovery point there (partition lock held)."""
+        recovery point there, and a transaction-buffer snapshot, so opening
+        scans and replays only what came after (partition lock held)."""
         seg = self.active
         if self.fsync != "never":
             seg.sync(self._checkpoint_pos, seg.size)
         self._append_index(seg)
         self._write_recovery_point()
+        self._write_txn_snapshot(self._txn_snapshot_body())
 
     def sync_to(self, offset: int) -> None:
         """Make every offset below ``offset`` durable. Threads that wait here
