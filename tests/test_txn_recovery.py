@@ -215,3 +215,19 @@ def test_failed_fan_out_is_retried_until_it_succeeds(tmp_path, monkeypatch):
         assert txn.state is txmq.TxnState.COMMITTED and failures["left"] == 0
         assert [m.value for m in c.receive_many(10, 0.5)] == [b"p1"]
         assert b.transactions() == []
+
+
+def test_recovery_point_carries_a_buffer_snapshot(tmp_path, monkeypatch):
+    """Opening replays the log only from the last recovery point, with or
+    without transactions: each recovery point writes a buffer snapshot."""
+    import struct
+    monkeypatch.setattr(partition_mod, "CHECKPOINT_BYTES", 8192)
+    with txmq.Broker(tmp_path / "d", fsync="never") as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        for _ in range(100):
+            p.send(b"x" * 1000)
+        part = b._topics["t"].partitions[0]
+        raw = (tmp_path / "d" / "topics" / "t" / "0" / "txnbuffer.snap").read_bytes()
+        offset = struct.unpack_from("<q", raw, 8)[0]
+        assert part.end_offset - 10 <= offset <= part.end_offset
