@@ -270,6 +270,19 @@ def test_timeout_aborts_and_later_use_fails(broker):
     assert c.receive(0.2) is None
 
 
+def test_commit_after_deadline_is_refused_even_before_the_timer(broker):
+    broker.create_topic("t")
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    broker._scheduler.stop()                 # no timer: only commit() can notice
+    txn = broker.new_transaction(timeout=0.05)
+    broker.producer("t").send(b"late", txn=txn)
+    time.sleep(0.1)
+    with pytest.raises(TransactionTimeoutError):
+        txn.commit()
+    assert txn.state is txmq.TxnState.ABORTED
+    assert c.receive_many(10, 0.1) == []
+
+
 def test_context_manager_timeout_raises_not_masked(broker):
     broker.create_topic("t")
     with pytest.raises(TransactionTimeoutError):

@@ -153,6 +153,9 @@ class TransactionCoordinator:
                         meta.state in (TxnState.ABORTING, TxnState.ABORTED):
                     return       # the broker aborted it first: the caller's wish holds
                 raise meta.not_open("commit" if commit else "abort")
+            late = commit and time.monotonic() > meta.deadline
+            if late:       # past its timeout, the timer not there yet: never commit it
+                commit, reason = False, "timeout"
             meta.state = TxnState.COMMITTING if commit else TxnState.ABORTING
             if reason is not None:
                 meta.reason = reason
@@ -180,6 +183,10 @@ class TransactionCoordinator:
                 raise
             crashpoints.reached("txn.prepared")
         self._decide_and_apply(meta, commit, parts, subs)
+        if late:
+            with self.lock:
+                self.stats["timed_out"] += 1
+            raise meta.not_open("commit")
 
     def _prepare(self, meta: TxnMeta, parts: list, subs: list) -> None:
         """Step 1: every participant's data and pending acks durable (a
