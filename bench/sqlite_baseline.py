@@ -89,15 +89,34 @@ class SqliteQueue:
     def read_batch(self, n: int) -> list:
         """Up to ``n`` rows ``(id, key, value, ts)`` after the cursor; the
         cursor moves past them in the same transaction (read + ack)."""
+        return self._consume(n, None)
+
+    def transform_batch(self, n: int, fn, out_topic: str) -> int:
+        """Consume-transform-produce in one transaction: up to ``n`` rows
+        after the cursor, ``fn(value)`` of each inserted into ``out_topic``
+        (same partition, same key), the cursor moved past them (the inputs
+        marked consumed), one COMMIT. Return how many rows were moved."""
+        return len(self._consume(n, (fn, out_topic)))
+
+    def _consume(self, n: int, transform) -> list:
+        """One transaction: read up to ``n`` rows after the cursor, insert
+        ``transform``'s outputs (if any), move the cursor past the rows."""
         cur = self.db.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
             (offset,) = cur.execute("SELECT offset FROM cursor WHERE subscription = ? AND partition = ?",
                                     (self.subscription, self.partition)).fetchone()
+            columns = "id, key, value, ts" if transform is None else "id, key, value"
             rows = cur.execute(
-                "SELECT id, key, value, ts FROM messages WHERE id > ? AND topic = ? AND partition = ? "
+                f"SELECT {columns} FROM messages WHERE id > ? AND topic = ? AND partition = ? "
                 "ORDER BY id LIMIT ?", (offset, self.topic, self.partition, n)).fetchall()
             if rows:
+                if transform is not None:
+                    fn, out_topic = transform
+                    ts = time.time_ns() // 1_000_000
+                    cur.executemany(
+                        "INSERT INTO messages (topic, partition, key, value, ts) VALUES (?, ?, ?, ?, ?)",
+                        [(out_topic, self.partition, k, fn(v), ts) for _, k, v in rows])
                 cur.execute("UPDATE cursor SET offset = ? WHERE subscription = ? AND partition = ?",
                             (rows[-1][0], self.subscription, self.partition))
             cur.execute("COMMIT")
@@ -105,33 +124,6 @@ class SqliteQueue:
             cur.execute("ROLLBACK")
             raise
         return rows
-
-    def transform_batch(self, n: int, fn, out_topic: str) -> int:
-        """Consume-transform-produce in one transaction: up to ``n`` rows
-        after the cursor, ``fn(value)`` of each inserted into ``out_topic``
-        (same partition, same key), the cursor moved past them (the inputs
-        marked consumed), one COMMIT. Return how many rows were moved."""
-        cur = self.db.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
-            (offset,) = cur.execute("SELECT offset FROM cursor WHERE subscription = ? AND partition = ?",
-                                    (self.subscription, self.partition)).fetchone()
-            rows = cur.execute(
-                "SELECT id, key, value FROM messages WHERE id > ? AND topic = ? AND partition = ? "
-                "ORDER BY id LIMIT ?", (offset, self.topic, self.partition, n)).fetchall()
-            if rows:
-                ts = time.time_ns() // 1_000_000
-                p = self.partition
-                cur.executemany(
-                    "INSERT INTO messages (topic, partition, key, value, ts) VALUES (?, ?, ?, ?, ?)",
-                    [(out_topic, p, k, fn(v), ts) for _, k, v in rows])
-                cur.execute("UPDATE cursor SET offset = ? WHERE subscription = ? AND partition = ?",
-                            (rows[-1][0], self.subscription, self.partition))
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        return len(rows)
 
     def count(self) -> int:
         return self.db.execute("SELECT count(*) FROM messages").fetchone()[0]
