@@ -188,24 +188,19 @@ class Broker:
         ended = self.recovered_transactions
         outcomes = {}
         for p in partitions:
-            for hi, lo, _, _ in p.ongoing.entries():
-                self._saw(TxnID.from_words(hi, lo))
-                commit = outcomes[(hi, lo)] = commits((hi, lo))
-                p.end_txn((hi, lo), commit)
             for hi, lo, _, _ in p.aborted.entries():
                 self._saw(TxnID.from_words(hi, lo))
-        for s in subs:
-            for txn_id in s.pending_txns():
-                self._saw(txn_id)
-                commit = outcomes[txn_id.words] = commits(txn_id.words)
-                s.end_txn(txn_id, commit)
+        held = [(p, TxnID.from_words(hi, lo)) for p in partitions for hi, lo, _, _ in p.ongoing.entries()]
+        held += [(s, txn_id) for s in subs for txn_id in s.pending_txns()]
+        for participant, txn_id in held:
+            self._saw(txn_id)
+            commit = outcomes[txn_id] = commits(txn_id.words)
+            participant.end_txn(txn_id, commit)
         for commit in outcomes.values():
             ended["committed" if commit else "aborted"] += 1
-        if self.fsync != "never":
-            for p in partitions:
-                p.sync_to(p.end_offset)
-        for s in subs:
-            s.sync_commits()
+        # Durable outcomes (markers, cursor frames) before the logs forget them.
+        for participant in {id(x): x for x, _ in held}.values():
+            participant.flush()
         for tc in self._coordinators:
             tc.finish_recovery()
         if self.fsync != "never":

@@ -59,8 +59,7 @@ class TransactionCoordinator:
         self.txns: dict[TxnID, TxnMeta] = {}
         self.next_seq = 1
         self._timeouts: list = []          # heap of (deadline, sequence)
-        self._touched: dict = {}           # partitions with markers since the last compaction
-        self._touched_subs: dict = {}      # subscriptions with committed acks since then
+        self._touched: dict = {}           # participants that applied outcomes since the last compaction
         self._retry: dict[TxnID, tuple] = {}  # transactions whose fan-out must be retried
         self.problems: list[str] = []
         self.stats = {"begun": 0, "committed": 0, "aborted": 0, "timed_out": 0}
@@ -160,47 +159,40 @@ class TransactionCoordinator:
             if reason is not None:
                 meta.reason = reason
                 meta.timed_out = reason == "timeout"
-        parts = list(meta.partitions.values())
-        subs = list(meta.subscriptions.values())
+        participants = list(meta.partitions.values()) + list(meta.subscriptions.values())
         # Operations that passed their check under a participant's lock have
         # finished once we hold that lock; later ones see the new state.
-        for p in parts:
-            with p.lock:
-                pass
-        for s in subs:
-            with s.cond:
+        for x in participants:
+            with x.lock:
                 pass
         if commit:
             try:
-                self._prepare(meta, parts, subs)
+                self._prepare(meta, participants)
             except BaseException:
                 # No decision is logged: the only way out is an abort.
                 log.exception("txmq: prepare of %s failed; aborting it", meta.id)
                 with meta.lock:
                     meta.state = TxnState.ABORTING
                     meta.reason = "prepare failed"
-                self._decide_and_apply(meta, False, parts, subs)
+                self._decide_and_apply(meta, False, participants)
                 raise
             crashpoints.reached("txn.prepared")
-        self._decide_and_apply(meta, commit, parts, subs)
+        self._decide_and_apply(meta, commit, participants)
         if late:
             with self.lock:
                 self.stats["timed_out"] += 1
             raise meta.not_open("commit")
 
-    def _prepare(self, meta: TxnMeta, parts: list, subs: list) -> None:
+    def _prepare(self, meta: TxnMeta, participants: list) -> None:
         """Step 1: every participant's data and pending acks durable (a
         participant deleted meanwhile has nothing left to keep)."""
         if self.fsync == "never":
             return
-        for p in parts:
-            if self.broker._participant_exists(p):
-                p.sync_to(p.end_offset)
-        for s in subs:
-            if self.broker._participant_exists(s):
-                s.prepare_txn(meta.id)
+        for x in participants:
+            if self.broker._participant_exists(x):
+                x.prepare_txn(meta.id)
 
-    def _decide_and_apply(self, meta: TxnMeta, commit: bool, parts: list, subs: list) -> None:
+    def _decide_and_apply(self, meta: TxnMeta, commit: bool, participants: list) -> None:
         """Steps 2 to 4."""
         with self.lock:
             self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*meta.words))
@@ -209,40 +201,29 @@ class TransactionCoordinator:
         if commit:
             self.log.sync_to(mark)         # the commit point
             crashpoints.reached("txn.decided")
-        if self._apply(meta.id, commit, parts, subs):
+        if self._apply(meta.id, commit, participants):
             self._finish(meta, commit)
 
-    def _apply(self, txn_id: TxnID, commit: bool, parts: list, subs: list) -> bool:
-        """Step 3; False when a participant failed (queued for a retry)."""
-        failed_parts, failed_subs = [], []
-        for i, p in enumerate(parts):
+    def _apply(self, txn_id: TxnID, commit: bool, participants: list) -> bool:
+        """Step 3 (partitions first: their markers, then the acks); False
+        when a participant failed (queued for a retry)."""
+        failed = []
+        for i, x in enumerate(participants):
             try:
-                p.end_txn(txn_id.words, commit)
+                x.end_txn(txn_id, commit)
                 with self.lock:
-                    self._touched[id(p)] = p
+                    self._touched[id(x)] = x
             except Exception as e:     # retried by the scheduler until it succeeds
-                if not self.broker._participant_exists(p):
-                    continue
-                log.warning("txmq: %s of %s on %s/%d failed, will retry: %s",
-                            "commit" if commit else "abort", txn_id, p.topic, p.index, e)
-                failed_parts.append(p)
+                if self.broker._participant_exists(x):
+                    log.warning("txmq: %s of %s on %r failed, will retry: %s",
+                                "commit" if commit else "abort", txn_id, x, e)
+                    failed.append(x)
             if i == 0:
                 crashpoints.reached("txn.markers_half")
-        for s in subs:
-            try:
-                s.end_txn(txn_id, commit)
-                with self.lock:
-                    self._touched_subs[id(s)] = s
-            except Exception as e:
-                if not self.broker._participant_exists(s):
-                    continue
-                log.warning("txmq: %s of %s on subscription %s failed, will retry: %s",
-                            "commit" if commit else "abort", txn_id, s.name, e)
-                failed_subs.append(s)
         crashpoints.reached("txn.applied")
-        if failed_parts or failed_subs:
+        if failed:
             with self.lock:
-                self._retry[txn_id] = (commit, failed_parts, failed_subs)
+                self._retry[txn_id] = (commit, failed)
             return False
         return True
 
@@ -259,11 +240,11 @@ class TransactionCoordinator:
         """Run again the fan-out of transactions whose participants failed."""
         with self.lock:
             todo = list(self._retry.items())
-        for txn_id, (commit, parts, subs) in todo:
+        for txn_id, (commit, failed) in todo:
             with self.lock:
                 self._retry.pop(txn_id, None)
             meta = self.txns.get(txn_id)
-            if self._apply(txn_id, commit, parts, subs) and meta is not None:
+            if self._apply(txn_id, commit, failed) and meta is not None:
                 self._finish(meta, commit)
 
     # -- timeouts ------------------------------------------------------------------
@@ -304,18 +285,15 @@ class TransactionCoordinator:
         first: once the log forgets a decision, the partitions must not need
         it again."""
         touched, self._touched = self._touched, {}
-        touched_subs, self._touched_subs = self._touched_subs, {}
-        for p in touched.values():
+        for x in touched.values():
             try:
                 # Durable markers (unless fsync="never") and a recovery point
-                # there: reopening then scans no more log than one compaction
-                # cycle wrote.
-                p.flush()
+                # there, durable cursor frames of committed acks: reopening
+                # then needs no decision this log forgets, and scans no more
+                # log than one compaction cycle wrote.
+                x.flush()
             except BrokerClosedError:
                 pass
-        for s in touched_subs.values():
-            if not s.closed:
-                s.sync_commits()
         live = {}
         for meta in self.txns.values():
             state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING

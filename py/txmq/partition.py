@@ -372,10 +372,6 @@ class Partition:
         with self.lock:
             if not self._segments:
                 raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
-            now = self.clock()
-            if now < self.last_publish_time:
-                now = self.last_publish_time
-            seg = self._segments[-1]
             added = False
             if txn is not None:
                 txn.check_open("send")
@@ -383,24 +379,15 @@ class Partition:
                 flags |= TRANSACTIONAL
                 self.txn_seen = True
                 # Entered before its bytes are readable: see the module docstring.
-                added = self.ongoing.add(txn_hi, txn_lo, seg.next_offset, now)
+                added = self.ongoing.add(txn_hi, txn_lo, self.end_offset, self.clock())
             try:
-                base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
-                                  base_sequence, now)
-                if base < 0:
-                    self._roll()
-                    seg = self._segments[-1]
-                    base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
-                                      base_sequence, now)
-                    assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
+                base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                           base_sequence)
             except BaseException:
                 if added:
                     self.ongoing.remove(txn_hi, txn_lo)
                 raise
-            self.last_publish_time = now
-            end = seg.next_offset
-            if seg.size - self._checkpoint_pos >= CHECKPOINT_BYTES:
-                self._checkpoint()
+            end = self.end_offset
         if txn is None and (self._sync_always if sync is None else sync):
             self.sync_to(end)
         if self._listeners:
@@ -408,30 +395,42 @@ class Partition:
                 cb(self)
         return base
 
-    def end_txn(self, words: tuple, commit: bool) -> int:
-        """Write the COMMIT / ABORT marker of transaction ``words`` (hi, lo)
-        and take it out of ``ongoing``; return the marker's offset, or -1
-        when the transaction has no open data here (already ended, or it
-        never wrote here): ending twice changes nothing."""
-        hi, lo = words
+    def _append_locked(self, spec: BatchSpec, flags: int, txn_hi: int, txn_lo: int, producer_id: int,
+                       producer_epoch: int, base_sequence: int) -> int:
+        """Write one batch into the active segment, rolling to a new one when
+        it is full; keep the recovery point near (partition lock held)."""
+        now = max(self.clock(), self.last_publish_time)
+        seg = self._segments[-1]
+        base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
+        if base < 0:
+            self._roll()
+            seg = self._segments[-1]
+            base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
+            assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
+        self.last_publish_time = now
+        if seg.size - self._checkpoint_pos >= CHECKPOINT_BYTES:
+            self._checkpoint()
+        return base
+
+    # -- as a transaction participant (the coordinator's interface) ---------------
+
+    def prepare_txn(self, txn_id) -> None:
+        """Commit step 1: every byte appended so far is durable."""
+        self.sync_to(self.end_offset)
+
+    def end_txn(self, txn_id, commit: bool) -> int:
+        """Write the COMMIT / ABORT marker of ``txn_id`` and take it out of
+        ``ongoing``; return the marker's offset, or -1 when the transaction
+        has no open data here (already ended, or it never wrote here):
+        ending twice changes nothing."""
+        hi, lo = txn_id.words
         with self.lock:
             if not self._segments:
                 raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
-            first = self.ongoing.first_offset_of(hi, lo)
-            if first < 0:
+            if not self.ongoing.contains(hi, lo):
                 return -1
-            now = max(self.clock(), self.last_publish_time)
-            seg = self._segments[-1]
-            spec = BatchSpec([b""])
-            base = seg.append(spec, MARKER_FLAGS[commit], hi, lo, -1, -1, -1, now)
-            if base < 0:
-                self._roll()
-                seg = self._segments[-1]
-                base = seg.append(spec, MARKER_FLAGS[commit], hi, lo, -1, -1, -1, now)
-            self.last_publish_time = now
-            if not commit:
-                self.aborted.add(hi, lo, first, base)    # before it leaves ongoing
-            self.ongoing.remove(hi, lo)
+            base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, -1, -1, -1)
+            self._ended(hi, lo, commit, base)
             self._ended_since_snapshot += 1
             # A snapshot costs what the buffer holds: spread it over as many ends.
             snapshot = self._ended_since_snapshot >= max(SNAPSHOT_EVERY_TXNS, len(self.ongoing))
@@ -441,6 +440,19 @@ class Partition:
             for cb in self._listeners:
                 cb(self)
         return base
+
+    def _ended(self, hi: int, lo: int, commit: bool, marker_offset: int) -> None:
+        """Transaction (hi, lo) ended at its marker: an aborted one enters
+        ``aborted`` before it leaves ``ongoing`` (see the module docstring)."""
+        if not commit:
+            self.aborted.add(hi, lo, self.ongoing.first_offset_of(hi, lo), marker_offset)
+        self.ongoing.remove(hi, lo)
+
+    def never_delivered(self, info, skip_aborted: bool) -> bool:
+        """A marker, or (with ``skip_aborted``, READ_COMMITTED) a batch of
+        an aborted transaction."""
+        return bool(info.flags & TRANSACTIONAL) and (
+            info.is_control or (skip_aborted and self.aborted.contains(info.txn_hi, info.txn_lo)))
 
     def undeliverable(self, start: int, end: int, skip_aborted: bool) -> int:
         """How many offsets in [start, end) are never delivered: markers,
@@ -456,16 +468,12 @@ class Partition:
                 info = seg.batch_at(pos)
                 if info.base_offset >= end:
                     break
-                if info.flags & TRANSACTIONAL and (info.is_control or (skip_aborted and self.is_aborted(info))):
+                if self.never_delivered(info, skip_aborted):
                     n += min(end, info.next_offset) - max(start, info.base_offset)
                 seg, pos = self.next_batch(seg, pos)
         except SegmentClosedError:   # retention moved the start: count what is left
             return self.undeliverable(max(start, self.start_offset), end, skip_aborted)
         return n
-
-    def is_aborted(self, info) -> bool:
-        """Whether the batch ``info`` belongs to an aborted transaction."""
-        return bool(info.flags & TRANSACTIONAL) and self.aborted.contains(info.txn_hi, info.txn_lo)
 
     # -- the transaction buffer snapshot -------------------------------------------
 
@@ -548,9 +556,8 @@ class Partition:
                 self.txn_seen = True
                 hi, lo = info.txn_hi, info.txn_lo
                 if info.is_control:
-                    first = ongoing.remove(hi, lo)
-                    if info.flags & MARKER_ABORT and first >= 0:
-                        aborted.add(hi, lo, first, info.base_offset)
+                    if ongoing.contains(hi, lo):
+                        self._ended(hi, lo, not info.flags & MARKER_ABORT, info.base_offset)
                 elif not aborted.contains(hi, lo):
                     ongoing.add(hi, lo, info.base_offset, info.publish_time)
             seg, pos = self.next_batch(seg, pos)
@@ -739,6 +746,9 @@ class Partition:
             for s in self._segments:
                 s.close()
             self._segments = ()
+
+    def __repr__(self) -> str:
+        return f"Partition({self.topic!r}, {self.index})"
 
     def stats(self) -> dict:
         segs = self._segments

@@ -107,6 +107,7 @@ class Subscription:
         self.ack_timeout = ack_timeout
         self.nack_delay = nack_delay
         self.cond = threading.Condition(threading.Lock())
+        self.lock = self.cond       # the participant lock a transaction's end takes
         self.consumers: list = []
         self._next_consumer_id = 0
         self.closed = False
@@ -349,8 +350,7 @@ class Subscription:
                     if lane.seg is None:
                         return None
                     continue
-                if info.flags & TRANSACTIONAL and (info.is_control or (
-                        self.isolation == "read_committed" and lane.partition.is_aborted(info))):
+                if lane.partition.never_delivered(info, self.isolation == "read_committed"):
                     # Markers, and aborted data under READ_COMMITTED, are
                     # never delivered: passed over as if acknowledged.
                     if info.base_offset >= limit:
@@ -500,17 +500,29 @@ class Subscription:
     def ack(self, message_ids) -> int:
         """Acknowledge individually; return how many were newly acknowledged."""
         checked = self._lanes_of(message_ids)
-        n = 0
         with self.cond:
-            for lane, offsets in checked:
-                n += len(lane.cursor.ack(offsets))
-                pop = lane.outstanding.pop
+            return sum(self._apply_acks(lane, offsets) for lane, offsets in checked)
+
+    def _apply_acks(self, lane: _Lane, offsets, cumulative: int = -1, sync: bool = True) -> int:
+        """Acknowledge ``offsets`` (and everything up to ``cumulative``) in
+        the cursor and take them out of every dispatch state; return how
+        many offsets were newly acknowledged individually (lock held)."""
+        n = 0
+        if cumulative >= 0:
+            lane.cursor.ack_cumulative(cumulative, sync)
+            md = lane.cursor.mark_delete
+            for table in (lane.outstanding, lane.redelivery_count):
+                for off in [o for o in table if o < md]:
+                    del table[off]
+        if offsets:
+            n = len(lane.cursor.ack(offsets, sync))
+            pop = lane.outstanding.pop
+            for off in offsets:
+                pop(off, None)
+            if lane.redelivery_count:
                 for off in offsets:
-                    pop(off, None)
-                if lane.redelivery_count:
-                    for off in offsets:
-                        lane.redelivery_count.pop(off, None)
-                self._trim_ranges(lane)
+                    lane.redelivery_count.pop(off, None)
+        self._trim_ranges(lane)
         return n
 
     def ack_range(self, partition: int, start: int, end: int) -> int:
@@ -530,13 +542,7 @@ class Subscription:
             raise SubscriptionTypeError(self.name, self.type, "exclusive or failover (ack_cumulative)")
         lane = self._lane_of(message_id)
         with self.cond:
-            lane.cursor.ack_cumulative(message_id.offset)
-            md = lane.cursor.mark_delete
-            for off in [o for o in lane.outstanding if o < md]:
-                del lane.outstanding[off]
-            for off in [o for o in lane.redelivery_count if o < md]:
-                del lane.redelivery_count[off]
-            self._trim_ranges(lane)
+            self._apply_acks(lane, (), message_id.offset)
 
     def _trim_ranges(self, lane: _Lane) -> None:
         md = lane.cursor.mark_delete
@@ -551,7 +557,7 @@ class Subscription:
                 lane = self._lane_of(mid)
                 if lane.cursor.is_acked(mid.offset):
                     continue
-                if lane.outstanding.pop(mid.offset, None) is None and not _cut_from_ranges(lane, mid.offset):
+                if lane.outstanding.pop(mid.offset, None) is None and not _cut_from_ranges(lane, [mid.offset]):
                     continue
                 self._queue_redelivery(lane, mid.offset, now + self.nack_delay)
             self.cond.notify_all()
@@ -564,7 +570,15 @@ class Subscription:
         pop = lane.outstanding.pop
         missing = [off for off in offsets if pop(off, None) is None]
         if missing and lane.ranges:
-            _cut_many_from_ranges(lane, sorted(missing))
+            _cut_from_ranges(lane, sorted(missing))
+
+    def _refuse_conflict(self, meta, lane: _Lane, conflict) -> None:
+        """Raise TransactionConflictError for a conflict the pending-ack
+        table found, if any."""
+        if conflict is not None:
+            off, reason, other = conflict
+            raise TransactionConflictError(meta.id, MessageId(self.topic.name, lane.partition.index, off),
+                                           reason, other)
 
     def ack_txn(self, meta, message_ids) -> int:
         """Acknowledge ``message_ids`` inside transaction ``meta``: checked
@@ -586,12 +600,8 @@ class Subscription:
         with self.cond:
             meta.check_open("acknowledge")
             for lane, offsets in checked:
-                bad = lane.pending.conflict_individual(meta.id, offsets, lane.cursor.mark_delete,
-                                                       lane.cursor.acked)
-                if bad is not None:
-                    off, reason, other = bad
-                    raise TransactionConflictError(meta.id, MessageId(self.topic.name, lane.partition.index, off),
-                                                   reason, other)
+                self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
+                    meta.id, offsets, lane.cursor.mark_delete, lane.cursor.acked))
             for lane, offsets in checked:
                 new = lane.pending.add(meta.id, offsets)
                 if not new:
@@ -610,11 +620,8 @@ class Subscription:
         self.broker._coordinator_of(meta).register_subscription(meta, self)
         with self.cond:
             meta.check_open("acknowledge")
-            bad = lane.pending.conflict_cumulative(meta.id, message_id.offset, lane.cursor.mark_delete)
-            if bad is not None:
-                off, reason, other = bad
-                raise TransactionConflictError(meta.id, MessageId(self.topic.name, lane.partition.index, off),
-                                               reason, other)
+            self._refuse_conflict(meta, lane, lane.pending.conflict_cumulative(
+                meta.id, message_id.offset, lane.cursor.mark_delete))
             lane.pending_log.append(PA_CUMULATIVE, pack_txn(*meta.words) + struct.pack("<q", message_id.offset))
             lane.pending.add_cumulative(meta.id, message_id.offset)
             self._hold(lane, [o for o in lane.outstanding if o <= message_id.offset])
@@ -650,21 +657,10 @@ class Subscription:
                     continue
                 if commit:
                     # Cursor frames stay in the page cache, and the COMMIT
-                    # frame waits until they are synced (sync_commits): until
+                    # frame waits until they are synced (flush): until
                     # then the pending-ack log and the coordinator's decision
                     # can redo this.
-                    if cumulative >= 0:
-                        lane.cursor.ack_cumulative(cumulative, sync=False)
-                        md = lane.cursor.mark_delete
-                        for table in (lane.outstanding, lane.redelivery_count):
-                            for off in [o for o in table if o < md]:
-                                del table[off]
-                    if offsets:
-                        lane.cursor.ack(offsets, sync=False)
-                        if lane.redelivery_count:
-                            for off in offsets:
-                                lane.redelivery_count.pop(off, None)
-                    self._trim_ranges(lane)
+                    self._apply_acks(lane, offsets, cumulative, sync=False)
                     lane.pending.take(txn_id)
                 else:
                     lane.pending.take(txn_id)
@@ -687,11 +683,13 @@ class Subscription:
                     lane.pending_log.compact(lane.pending.to_bytes())
             self.cond.notify_all()
 
-    def sync_commits(self) -> None:
+    def flush(self) -> None:
         """Make the cursor frames of committed transactions durable, then
         log their COMMIT frames. The coordinator calls this before its log
         forgets their decisions."""
         with self.cond:
+            if self.closed:
+                raise BrokerClosedError(f"subscription {self.name!r} is closed")
             for lane in self.lanes:
                 self._sync_commits(lane)
 
@@ -757,6 +755,9 @@ class Subscription:
                 "partitions": parts,
             }
 
+    def __repr__(self) -> str:
+        return f"Subscription({self.topic.name!r}, {self.name!r})"
+
     def close(self) -> None:
         with self.cond:
             self.closed = True
@@ -792,13 +793,16 @@ def _min(a, b):
     return b if a is None else min(a, b)
 
 
-def _cut_many_from_ranges(lane: _Lane, offsets: list) -> None:
-    """Take sorted ``offsets`` out of the batch deliveries holding them."""
+def _cut_from_ranges(lane: _Lane, offsets: list) -> bool:
+    """Take sorted ``offsets`` out of the batch deliveries holding them, so
+    each is in one dispatch state only; False when no delivery held any."""
     out = []
+    cut = False
     for s, e, cid in lane.ranges:
         i = bisect.bisect_left(offsets, s)
         j = bisect.bisect_left(offsets, e)
         start = s
+        cut = cut or i < j
         for off in offsets[i:j]:
             if start < off:
                 out.append([start, off, cid])
@@ -806,16 +810,7 @@ def _cut_many_from_ranges(lane: _Lane, offsets: list) -> None:
         if start < e:
             out.append([start, e, cid])
     lane.ranges = out
-
-
-def _cut_from_ranges(lane: _Lane, off: int) -> bool:
-    """Take ``off`` out of the batch delivery holding it, so it is in one
-    dispatch state only; False when no delivery holds it."""
-    for i, (s, e, cid) in enumerate(lane.ranges):
-        if s <= off < e:
-            lane.ranges[i:i + 1] = [r for r in ([s, off, cid], [off + 1, e, cid]) if r[0] < r[1]]
-            return True
-    return False
+    return cut
 
 
 def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int):
