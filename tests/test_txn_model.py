@@ -511,6 +511,15 @@ class TxnModel(RuleBasedStateMachine):
             lane.count.pop(o, None)
             lane.extra.pop(o, None)
 
+    def _finish(self, T, then: str) -> None:
+        """Commit, abort or (``"open"``) leave ``T`` as it is, in the broker and the model."""
+        if then == "commit":
+            T.handle.commit()
+            self._end(T, True, "commit")
+        elif then == "abort":
+            T.handle.abort()
+            self._end(T, False, "abort")
+
     def _ack_in_txn(self, T, sub, chosen, cumulative):
         """Ack ``chosen`` [(p, offset)] of ``sub`` in ``T`` (cumulatively: one
         message) and check the outcome against the model; return whether it
@@ -645,12 +654,7 @@ class TxnModel(RuleBasedStateMachine):
         chosen = data.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=2, unique=True), label="ids")
         T = self._txn(data)
         self._ack_in_txn(T, sub, chosen, False)
-        if then == "commit":
-            T.handle.commit()
-            self._end(T, True, "commit")
-        elif then == "abort":
-            T.handle.abort()
-            self._end(T, False, "abort")
+        self._finish(T, then)
         if after:
             self._receive(sub, 8)
 
@@ -684,12 +688,7 @@ class TxnModel(RuleBasedStateMachine):
                     self._ack_in_txn(T, sub, [last], True)
         else:
             self._ack_in_txn(T, sub, inputs, False)
-        if then == "commit":
-            T.handle.commit()
-            self._end(T, True, "commit")
-        elif then == "abort":
-            T.handle.abort()
-            self._end(T, False, "abort")
+        self._finish(T, then)
 
     # -- rules: whole-topic readers and restarts ----------------------------------------------
 
