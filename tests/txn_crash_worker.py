@@ -423,8 +423,9 @@ def matrix(broker, out: Out, cycle: int, rng: random.Random, nthreads: int) -> N
 
 
 def shrink_thresholds() -> None:
-    """Compact every log and snapshot every transaction buffer after a few
-    frames instead of thousands, so kills land in those paths too."""
+    """Compact every log, snapshot every transaction buffer and write
+    recovery points (each with its buffer snapshot) after a few frames or
+    KiB instead of thousands, so kills land in those paths too."""
     import txmq.broker
     import txmq.coordinator
     import txmq.cursor
@@ -432,6 +433,8 @@ def shrink_thresholds() -> None:
     import txmq.subscription
     txmq.partition.SNAPSHOT_EVERY_TXNS = 3
     txmq.coordinator.COMPACT_FRAMES = 40
+    txmq.coordinator.LIVE_FRAMES = 1
+    txmq.partition.CHECKPOINT_BYTES = 8 * 1024
     txmq.cursor.COMPACT_FRAMES = 6
     txmq.subscription.COMPACT_FRAMES = 6
     txmq.broker.SNAPSHOT_INTERVAL = 0.03
