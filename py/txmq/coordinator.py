@@ -158,7 +158,6 @@ class TransactionCoordinator:
             meta.state = TxnState.COMMITTING if commit else TxnState.ABORTING
             if reason is not None:
                 meta.reason = reason
-                meta.timed_out = reason == "timeout"
         participants = list(meta.partitions.values()) + list(meta.subscriptions.values())
         # Operations that passed their check under a participant's lock have
         # finished once we hold that lock; later ones see the new state.

@@ -7,17 +7,25 @@ import os
 
 from txmq._redolog import sync_dir
 
-__all__ = ["write_json", "sync_dir"]
+__all__ = ["write_atomic", "write_json", "sync_dir"]
 
 
-def write_json(path: str, obj, *, sync_parent: bool = False) -> None:
-    """Replace ``path`` with ``obj`` as JSON atomically: a reader sees the
-    old file or the new one, never a mix, also after a crash."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+def write_atomic(path: str, data: bytes, *, fsync: bool = True, sync_parent: bool = False,
+                 tmp_suffix: str = ".tmp") -> None:
+    """Replace ``path`` with ``data`` atomically: a reader sees the old file
+    or the new one, never a mix, also after a crash. Writers that may race
+    pass distinct ``tmp_suffix``es."""
+    tmp = path + tmp_suffix
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fdatasync(f.fileno())
     os.replace(tmp, path)
     if sync_parent:
         sync_dir(os.path.dirname(path))
+
+
+def write_json(path: str, obj, *, sync_parent: bool = False) -> None:
+    """:func:`write_atomic` of ``obj`` as JSON, always synced."""
+    write_atomic(path, json.dumps(obj).encode(), sync_parent=sync_parent)

@@ -40,6 +40,7 @@ from txmq._log import FLAG, BatchSpec, Segment, SegmentClosedError, crc32c_of
 from txmq._redolog import sync_dir
 from txmq._txn import AbortSet, OngoingQueue
 from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
+from txmq.files import write_atomic
 from txmq.txn import TxnID
 
 log = logging.getLogger("txmq.partition")
@@ -498,14 +499,8 @@ class Partition:
     def _write_txn_snapshot(self, raw: bytes) -> None:
         # Any snapshot within the log is a correct starting point, so
         # writers need no order: each renames its own temporary file.
-        path = os.path.join(self.path, "txnbuffer.snap")
-        tmp = f"{path}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(raw)
-            if self.fsync != "never":
-                f.flush()
-                os.fdatasync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(os.path.join(self.path, "txnbuffer.snap"), raw, fsync=self.fsync != "never",
+                     tmp_suffix=f".{threading.get_ident()}.tmp")
 
     def _load_txn_snapshot(self):
         path = os.path.join(self.path, "txnbuffer.snap")

@@ -77,7 +77,7 @@ class TxnMeta:
     """
 
     __slots__ = ("id", "words", "state", "timeout", "start_ms", "deadline", "partitions",
-                 "subscriptions", "lock", "timed_out", "reason", "decided")
+                 "subscriptions", "lock", "reason", "decided")
 
     def __init__(self, txn_id: TxnID, timeout: float, start_ms: int, deadline: float):
         self.id = txn_id
@@ -89,7 +89,6 @@ class TxnMeta:
         self.partitions: dict = {}        # (topic, index) -> Partition
         self.subscriptions: dict = {}     # (topic, name) -> Subscription
         self.lock = threading.Lock()
-        self.timed_out = False
         self.reason = None                # why it was aborted by the broker, if it was
         self.decided = None               # True / False once COMMITTING / ABORTING is logged
 
@@ -98,7 +97,7 @@ class TxnMeta:
             raise self.not_open(doing)
 
     def not_open(self, doing: str):
-        if self.timed_out:
+        if self.reason == "timeout":
             return TransactionTimeoutError(self.id, self.timeout)
         return InvalidTxnStateError(self.id, self.state.value, doing)
 
