@@ -18,7 +18,7 @@ A transaction id travels here as its two 64-bit words ``(hi, lo)``: the
 coordinator id is the top 16 bits of ``hi``, the sequence the other 112
 bits. No policy and no threads: callers hold their own locks.
 """
-from libc.stdint cimport int64_t, uint64_t, uint8_t, uint32_t, uint16_t
+from libc.stdint cimport int16_t, int64_t, uint64_t, uint8_t, uint32_t, uint16_t
 from libc.string cimport memmove
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 
@@ -26,11 +26,12 @@ import numpy as np
 
 from txmq._ackset import AckSet, add_many
 
-from _bytes cimport load_u16, load_u32, load_i64, load_u64, store_u32, store_i64, store_u64
+from _bytes cimport load_i16, load_u16, load_u32, load_i64, load_u64, store_u32, store_i64, store_u64
 
 # Frame types of a coordinator log (SNAPSHOT = 1 is the redo log's own).
 TC_BEGIN, TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION = 2, 3, 4
 TC_COMMITTING, TC_ABORTING, TC_COMMITTED, TC_ABORTED = 5, 6, 7, 8
+TC_PRODUCER = 9          # a transactional id's (producer id, epoch)
 # Frame types of a pending-ack log.
 PA_ACK, PA_CUMULATIVE, PA_COMMIT, PA_ABORT = 2, 3, 4, 5
 
@@ -594,6 +595,9 @@ cdef class _Reader:
     cdef uint32_t u32(self) except? 0:
         return load_u32(self.take(4))
 
+    cdef int16_t i16(self) except? -1:
+        return load_i16(self.take(2))
+
     cdef uint8_t u8(self) except? 0:
         return <uint8_t>self.take(1)[0]
 
@@ -613,15 +617,16 @@ cdef class _Reader:
 def replay_coordinator(frames):
     """State of a coordinator log from its frames (the last SNAPSHOT on).
 
-    Returns ``(next_lo, txns)``: the lowest sequence word never used, and
+    Returns ``(next_lo, txns, tids)``: the lowest sequence word never used,
     ``{(hi, lo): [state, timeout_ms, start_ms, partitions, subscriptions]}``
     with ``partitions`` a set of (topic, partition) and ``subscriptions`` a
-    set of (topic, subscription), each None when empty. Transactions whose
-    final record is logged stay in with state COMMITTED / ABORTED (and no
-    participants), so recovery knows their outcome.
+    set of (topic, subscription), each None when empty, and ``{transactional
+    id: (producer id, epoch)}``. Transactions whose final record is logged
+    stay in with state COMMITTED / ABORTED (and no participants), so
+    recovery knows their outcome.
     Raises ValueError on a frame that passed its CRC but does not parse.
     """
-    cdef dict txns = {}
+    cdef dict txns = {}, tids = {}
     cdef uint64_t next_lo = 0, lo
     cdef uint32_t n, k, j
     cdef _Reader r = _Reader()
@@ -648,6 +653,16 @@ def replay_coordinator(frames):
                     subs = subs or set()
                     subs.add((topic, r.text()))
                 txns[key] = [state, timeout, start, parts, subs]
+            tids.clear()
+            if r.pos < r.n:          # snapshots before transactional ids end here
+                for k in range(r.u32()):
+                    tid = r.text()
+                    pid = r.i64()
+                    tids[tid] = (pid, <int>r.i16())
+        elif kind == TC_PRODUCER:
+            tid = r.text()
+            pid = r.i64()
+            tids[tid] = (pid, <int>r.i16())
         elif kind == TC_BEGIN:
             key = r.txn()
             timeout = r.i64()
@@ -682,7 +697,7 @@ def replay_coordinator(frames):
         else:
             raise ValueError(f"unknown coordinator frame type {kind}")
         r.end()
-    return next_lo, txns
+    return next_lo, txns, tids
 
 
 cdef list _txn_entry(dict txns, key):
@@ -692,8 +707,9 @@ cdef list _txn_entry(dict txns, key):
     return entry
 
 
-def encode_coordinator_snapshot(uint64_t next_lo, txns):
-    """SNAPSHOT payload: ``txns`` as :func:`replay_coordinator` returns them."""
+def encode_coordinator_snapshot(uint64_t next_lo, txns, tids=None):
+    """SNAPSHOT payload: ``txns`` and ``tids`` as :func:`replay_coordinator`
+    returns them."""
     out = [_pack_i64(<int64_t>next_lo), _pack_u32(len(txns))]
     for (hi, lo), (state, timeout, start, parts, subs) in txns.items():
         out.append(_pack_txn(hi, lo) + bytes([state]) + _pack_i64(timeout) + _pack_i64(start))
@@ -705,7 +721,20 @@ def encode_coordinator_snapshot(uint64_t next_lo, txns):
         out.append(_pack_u32(len(subs)))
         for topic, sub in sorted(subs):
             out.append(encode_text(topic) + encode_text(sub))
+    tids = tids or {}
+    out.append(_pack_u32(len(tids)))
+    for tid, (pid, epoch) in tids.items():
+        out.append(encode_text(tid) + _pack_i64(pid) + pack_i16(epoch))
     return b"".join(out)
+
+
+def encode_producer(str tid, int64_t pid, int epoch):
+    """TC_PRODUCER payload."""
+    return encode_text(tid) + _pack_i64(pid) + pack_i16(epoch)
+
+
+cdef bytes pack_i16(int v):
+    return bytes([v & 0xFF, (v >> 8) & 0xFF])
 
 
 def encode_text(str s):

@@ -9,11 +9,12 @@
 from txmq import errors
 from txmq.broker import Broker
 from txmq.consumer import Consumer
-from txmq.message import Message, MessageId, MessageIds
+from txmq.message import AbortedTransaction, Message, MessageId, MessageIds
 from txmq.producer import Producer
 from txmq.transaction import Transaction
+from txmq.transactional import TransactionalProducer
 from txmq.txn import TxnID, TxnState
 
-__all__ = ["Broker", "Consumer", "Message", "MessageId", "MessageIds", "Producer", "Transaction",
-           "TxnID", "TxnState", "errors"]
+__all__ = ["AbortedTransaction", "Broker", "Consumer", "Message", "MessageId", "MessageIds", "Producer",
+           "Transaction", "TransactionalProducer", "TxnID", "TxnState", "errors"]
 __version__ = "0.1.0"

@@ -9,6 +9,8 @@ Layout of a data directory (docs/FORMAT.md has every file's bytes)::
     <data>/subscriptions/<topic>/<sub>/cursor-<p>.log
     <data>/subscriptions/<topic>/<sub>/pending-<p>.log   acks held by open transactions
     <data>/coordinator/tc-<id>.log                transaction log per coordinator
+                                                  (and transactional ids homed there)
+    <data>/producers.log                          producer-id counter, named producers
 
 Opening recovers in this order: partitions (log, then transaction buffer),
 subscriptions (cursor, then pending acks), coordinators; then every
@@ -30,18 +32,23 @@ import threading
 import time
 
 from txmq.consumer import Consumer
+from txmq._log import crc32c_of
 from txmq._txn import COMMITTED, COMMITTING, OPEN
 from txmq.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, DataDirLockedError, InvalidArgumentError,
-                         InvalidTxnTimeoutError, IsolationLevelMismatchError, SubscriptionBusyError,
+                         InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
+                         SubscriptionBusyError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
                          TopicExistsError, TopicNotFoundError, TransactionNotFoundError)
+from txmq.message import AbortedTransaction
 from txmq.producer import Producer
+from txmq.producers import ProducerRegistry
 from txmq.scheduler import Scheduler
 from txmq.files import sync_dir, write_json
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription
 from txmq.topic import Topic, check_subscription_name, check_topic_name
 from txmq.transaction import Transaction
+from txmq.transactional import TransactionalProducer
 from txmq.txn import TxnID, TxnState
 
 log = logging.getLogger("txmq.broker")
@@ -51,6 +58,7 @@ MiB = 1024 * 1024
 TIMEOUT_CHECK_INTERVAL = 0.05     # seconds between transaction timeout checks
 RETRY_INTERVAL = 0.5              # ... between retries of a failed commit / abort fan-out
 SNAPSHOT_INTERVAL = 5.0           # ... between transaction-buffer snapshots
+EPOCH_MAX = 32767                 # int16: past it a transactional id gets a new producer id
 
 
 class Broker:
@@ -69,13 +77,16 @@ class Broker:
     Transactions: ``num_coordinators`` transaction coordinators (default 4)
     share new transactions round-robin; ``transaction_timeout_max`` seconds
     (default 900) bounds the timeout a transaction may ask for.
+
+    Producers: ``producer_id_expiration`` seconds (default 7 days) after its
+    last batch, a partition forgets a producer id's sequences.
     """
 
     def __init__(self, path, fsync: str = "commit", *, segment_bytes_max: int = 256 * MiB,
                  max_message_bytes: int | None = None, index_interval_bytes: int = 4096,
                  retention_ms: int | None = None, retention_bytes: int | None = None,
                  retention_check_interval: float = 60.0, num_coordinators: int = 4,
-                 transaction_timeout_max: float = 900.0):
+                 transaction_timeout_max: float = 900.0, producer_id_expiration: float = 7 * 24 * 3600.0):
         self.path = os.path.abspath(os.fspath(path))
         self._closed = True
         if fsync not in FSYNC_MODES:
@@ -92,6 +103,9 @@ class Broker:
             raise InvalidArgumentError("num_coordinators", num_coordinators, "an int from 1 to 1024")
         if not isinstance(transaction_timeout_max, (int, float)) or transaction_timeout_max <= 0:
             raise InvalidArgumentError("transaction_timeout_max", transaction_timeout_max, "seconds > 0")
+        if (not isinstance(producer_id_expiration, (int, float)) or isinstance(producer_id_expiration, bool)
+                or producer_id_expiration <= 0):
+            raise InvalidArgumentError("producer_id_expiration", producer_id_expiration, "seconds > 0")
         self.fsync = fsync
         self.num_coordinators = num_coordinators
         self.transaction_timeout_max = float(transaction_timeout_max)
@@ -102,7 +116,12 @@ class Broker:
         self.retention_bytes = retention_bytes
         self._partition_options = dict(fsync=fsync, segment_bytes_max=segment_bytes_max,
                                        max_message_bytes=max_message_bytes,
-                                       index_interval_bytes=index_interval_bytes)
+                                       index_interval_bytes=index_interval_bytes,
+                                       producer_expiration_ms=int(producer_id_expiration * 1000))
+        self._producer_ids = None
+        self._named_live: dict = {}        # (topic, name) -> the live Producer instance
+        self._tid_live: dict = {}          # transactional id -> the live TransactionalProducer
+        self._tid_lock = threading.Lock()
         self._lock = threading.RLock()
         self._topics: dict[str, Topic] = {}
         self._closed = True
@@ -118,6 +137,7 @@ class Broker:
             try:
                 self._recover()
                 self._recover_transactions()
+                self._producer_ids = ProducerRegistry(os.path.join(self.path, "producers.log"), fsync)
             finally:
                 if gc_was_on:
                     gc.enable()
@@ -126,6 +146,8 @@ class Broker:
                 t.close()
             for tc in self._coordinators:
                 tc.close()
+            if self._producer_ids is not None:
+                self._producer_ids.close()
             os.close(self._lock_fd)
             raise
         self._closed = False
@@ -279,10 +301,64 @@ class Broker:
 
     # -- producers and consumers --------------------------------------------------
 
-    def producer(self, topic: str) -> Producer:
-        """A producer for ``topic``."""
+    def producer(self, topic: str, name: str | None = None) -> Producer:
+        """A producer for ``topic``. Every producer is idempotent (a fresh
+        producer id, sequences per partition). With ``name`` it is a named
+        producer: it keeps its producer id across restarts and continues its
+        sequences (see :attr:`Producer.last_sequence`), and opening the same
+        name on the topic again fences the older instance
+        (:class:`~txmq.errors.ProducerFencedError`)."""
         self._check_open()
-        return Producer(self, self._topic(topic))
+        t = self._topic(topic)
+        if name is None:
+            return Producer(self, t, self._producer_ids.allocate())
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError("name", name, "a non-empty str")
+        p = Producer(self, t, self._producer_ids.id_of(name), name=name)
+        with self._tid_lock:
+            old = self._named_live.get((topic, name))
+            self._named_live[(topic, name)] = p
+        if old is not None:
+            old.fenced = True
+        return p
+
+    def _named_closed(self, producer: Producer) -> None:
+        with self._tid_lock:
+            key = (producer.topic, producer.name)
+            if self._named_live.get(key) is producer:
+                del self._named_live[key]
+
+    def transactional_producer(self, transactional_id: str, timeout: float = 60.0) -> TransactionalProducer:
+        """The instance of transactional id ``transactional_id`` (Kafka's
+        ``transactional.id``): a stable name mapped to (producer id, epoch)
+        in its coordinator's log. Opening it bumps the epoch durably, aborts
+        the open transaction of the previous instance and fences that
+        instance; ``timeout`` is the default of its transactions."""
+        self._check_open()
+        if not isinstance(transactional_id, str) or not transactional_id or \
+                len(transactional_id.encode()) > 0xFFFF:
+            raise InvalidArgumentError("transactional_id", transactional_id, "a non-empty str")
+        self._check_timeout(timeout)
+        tc = self._coordinators[crc32c_of(transactional_id.encode()) % self.num_coordinators]
+        with self._tid_lock:
+            old = self._tid_live.pop(transactional_id, None)
+            if old is not None:
+                old._fence()
+            current = max((c.tids[transactional_id] for c in self._coordinators if transactional_id in c.tids),
+                          default=None)
+            if current is None or current[1] >= EPOCH_MAX:
+                pid, epoch = self._producer_ids.allocate(), 0
+            else:
+                pid, epoch = current[0], current[1] + 1
+            tc.record_producer(transactional_id, pid, epoch)
+            tp = TransactionalProducer(self, transactional_id, pid, epoch, tc, float(timeout))
+            self._tid_live[transactional_id] = tp
+        return tp
+
+    def _transactional_closed(self, tp: TransactionalProducer) -> None:
+        with self._tid_lock:
+            if self._tid_live.get(tp.transactional_id) is tp:
+                del self._tid_live[tp.transactional_id]
 
     def subscribe(self, topic: str, subscription: str, type: str = "exclusive", *,
                   isolation: str = "read_committed", initial_position: str = "latest",
@@ -364,11 +440,16 @@ class Broker:
         """Begin a transaction; the coordinator aborts it if it is still open
         ``timeout`` seconds from now (at most ``transaction_timeout_max``)."""
         self._check_open()
+        return self._begin(self._coordinators[next(self._tc_rr) % self.num_coordinators], timeout)
+
+    def _check_timeout(self, timeout) -> None:
         if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
                 or not 0 < timeout <= self.transaction_timeout_max):
             raise InvalidTxnTimeoutError(timeout, self.transaction_timeout_max)
-        tc = self._coordinators[next(self._tc_rr) % self.num_coordinators]
-        return Transaction(self, tc, tc.begin(float(timeout)))
+
+    def _begin(self, tc: TransactionCoordinator, timeout, owner=None) -> Transaction:
+        self._check_timeout(timeout)
+        return Transaction(self, tc, tc.begin(float(timeout), owner))
 
     def transaction(self, timeout: float = 60.0) -> Transaction:
         """``with broker.transaction() as txn:`` commits on normal exit and
@@ -470,6 +551,53 @@ class Broker:
             for p in t.partitions:
                 p.flush()
 
+    # -- the Kafka-facing view of a partition ----------------------------------------
+
+    def _partition(self, topic: str, partition: int):
+        self._check_open()
+        parts = self._topic(topic).partitions
+        if type(partition) is not int or not 0 <= partition < len(parts):
+            raise PartitionNotFoundError(topic, partition)
+        return parts[partition]
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """The log end offset of a partition: the offset its next message
+        gets (Kafka's high watermark; every appended message counts)."""
+        return self._partition(topic, partition).end_offset
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """Kafka's last stable offset: the first offset of the oldest
+        transaction still open in the partition, or the high watermark when
+        none is. READ_COMMITTED readers stop here (maxReadPosition)."""
+        return self._partition(topic, partition).max_read_position
+
+    def aborted_transactions(self, topic: str, partition: int, from_offset: int,
+                             to_offset: int | None = None) -> list:
+        """The aborted transactions with data in ``[from_offset,
+        to_offset)`` (default: to the last stable offset) of a partition, as
+        :class:`AbortedTransaction` ``(producer_id, first_offset,
+        last_offset)``, ordered by first offset: what a Kafka Fetch response
+        carries so that a read_committed client drops their messages. Read
+        from the per-segment aborted-transaction indexes (``.txnindex``)."""
+        p = self._partition(topic, partition)
+        if to_offset is None:
+            to_offset = p.max_read_position
+        for name, v in (("from_offset", from_offset), ("to_offset", to_offset)):
+            if type(v) is not int or v < 0:
+                raise InvalidArgumentError(name, v, "an int offset >= 0")
+        return [AbortedTransaction(*e) for e in p.aborted_transactions(from_offset, to_offset)]
+
+    def consumer_lag(self, topic: str, subscription: str) -> dict:
+        """``{partition: lag}`` of a subscription: the messages it has yet to
+        acknowledge below the last stable offset (READ_COMMITTED) or the
+        high watermark (READ_UNCOMMITTED). Markers, and for READ_COMMITTED
+        aborted messages, are never delivered and never count, so the lag
+        reaches 0 once everything deliverable is acknowledged (a Kafka
+        client's offset arithmetic counts markers and stops at 1)."""
+        self._check_open()
+        stats = self._subscription(topic, subscription).stats()
+        return {p["partition"]: p["backlog"] for p in stats["partitions"]}
+
     # -- state -------------------------------------------------------------------------
 
     def stats(self) -> dict:
@@ -513,6 +641,7 @@ class Broker:
         self._topics.clear()
         for tc in self._coordinators:
             tc.close()
+        self._producer_ids.close()
         os.close(self._lock_fd)
 
     @property

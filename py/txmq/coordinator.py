@@ -12,6 +12,9 @@ tracker. Ending a transaction is two-phase:
    broker's scheduler until it succeeds;
 4. the final COMMITTED / ABORTED record; the transaction is forgotten.
 
+The log also maps the transactional ids homed here to their (producer id,
+epoch) (DESIGN.md §4): a PRODUCER frame per opening, kept by compaction.
+
 ``commit()`` returns after step 3. Recovery (driven by the broker) redoes
 step 3 for every decided transaction and aborts every other one.
 """
@@ -28,7 +31,8 @@ from txmq import crashpoints
 from txmq._redolog import RedoLog
 from txmq._txn import (ABORTING, COMMITTING, OPEN, TC_ABORTED, TC_ABORTING,
                        TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING,
-                       encode_coordinator_snapshot, encode_text, pack_txn, replay_coordinator)
+                       TC_PRODUCER, encode_coordinator_snapshot, encode_producer, encode_text, pack_txn,
+                       replay_coordinator)
 from txmq.errors import BrokerClosedError, CorruptLogError
 from txmq.txn import TxnID, TxnMeta, TxnState
 
@@ -57,6 +61,7 @@ class TransactionCoordinator:
         self.log = RedoLog(path, fsync)
         self.lock = threading.Lock()
         self.txns: dict[TxnID, TxnMeta] = {}
+        self.tids: dict[str, tuple] = {}   # transactional id -> (producer id, epoch)
         self.next_seq = 1
         self._timeouts: list = []          # heap of (deadline, sequence)
         self._touched: dict = {}           # participants that applied outcomes since the last compaction
@@ -75,7 +80,7 @@ class TransactionCoordinator:
             self.problems.append(f"{self.log.path} at byte {pos}: {reason}; {n} bytes cut")
             log.warning("txmq: coordinator log %s", self.problems[-1])
         try:
-            next_lo, txns = replay_coordinator(frames)
+            next_lo, txns, self.tids = replay_coordinator(frames)
         except ValueError as e:
             raise CorruptLogError(self.log.path, 0, f"coordinator frame: {e}") from None
         self.next_seq = max(self.next_seq, next_lo, 1)
@@ -96,14 +101,27 @@ class TransactionCoordinator:
         with self.lock:
             self._compact()
 
+    def record_producer(self, tid: str, producer_id: int, epoch: int) -> None:
+        """Log, durably, that transactional id ``tid`` is now (producer id,
+        epoch): the fence of every older instance."""
+        with self.lock:
+            self.log.append(TC_PRODUCER, encode_producer(tid, producer_id, epoch))
+            self.tids[tid] = (producer_id, epoch)
+            mark = self.log.written
+            self._maybe_compact()
+        self.log.sync_to(mark)
+
     # -- beginning and registering -------------------------------------------------
 
-    def begin(self, timeout: float) -> TxnMeta:
+    def begin(self, timeout: float, owner=None) -> TxnMeta:
+        """A new OPEN transaction; ``owner`` is the TransactionalProducer
+        beginning it, if one is."""
         start = now_ms()
         with self.lock:
             seq = self.next_seq
             self.next_seq += 1
             meta = TxnMeta(TxnID(self.id, seq), timeout, start, time.monotonic() + timeout)
+            meta.owner = owner
             self.log.append(TC_BEGIN, pack_txn(*meta.words) + _TIMES.pack(int(timeout * 1000), start))
             self.txns[meta.id] = meta
             heapq.heappush(self._timeouts, (meta.deadline, seq))
@@ -298,7 +316,7 @@ class TransactionCoordinator:
             state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING
             live[meta.words] = [state, int(meta.timeout * 1000), meta.start_ms,
                                 set(meta.partitions), set(meta.subscriptions)]
-        self.log.compact(encode_coordinator_snapshot(self.next_seq, live))
+        self.log.compact(encode_coordinator_snapshot(self.next_seq, live, self.tids))
 
     def close(self) -> None:
         self.log.close()

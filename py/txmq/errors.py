@@ -217,3 +217,49 @@ class InvalidTxnTimeoutError(TransactionError, ValueError):
         self.maximum = maximum
         super().__init__(txn_id, f"invalid transaction timeout {timeout!r}: expected seconds in "
                                  f"(0, {maximum:g}] (transaction_timeout_max)")
+
+
+class ProducerFencedError(TxmqError):
+    """A newer instance of the same named producer or transactional id was
+    opened (or a newer epoch of the producer id wrote to the partition): this
+    instance may not send, acknowledge, commit or abort any more, and nothing
+    it tries changes anything.
+
+    ``producer`` is the name, transactional id or producer id; ``epoch`` the
+    fenced instance's epoch."""
+
+    def __init__(self, producer, epoch: int, reason: str = "a newer instance took over"):
+        self.producer = producer
+        self.epoch = epoch
+        self.reason = reason
+        super().__init__(f"producer {producer!r} (epoch {epoch}) is fenced: {reason}")
+
+
+class OutOfOrderSequenceError(TxmqError, ValueError):
+    """A batch's sequence number is not the next one its producer id owes
+    this partition (a gap, or a new epoch that does not start at 0); nothing
+    was appended.
+
+    ``topic``, ``partition``, ``producer_id``, ``sequence`` (the batch's) and
+    ``expected`` (the next one the partition takes, -1 when it is a new
+    epoch's 0)."""
+
+    def __init__(self, topic: str, partition: int, producer_id: int, sequence: int, expected: int,
+                 what: str = "out of order"):
+        self.topic = topic
+        self.partition = partition
+        self.producer_id = producer_id
+        self.sequence = sequence
+        self.expected = expected
+        super().__init__(f"{topic}/{partition}: sequence {sequence} of producer {producer_id} is "
+                         f"{what} (expected {expected})")
+
+
+class DuplicateSequenceError(OutOfOrderSequenceError):
+    """The sequence was appended already, but longer ago than the last 5
+    batches the partition remembers per producer, so their offsets cannot be
+    returned; nothing was appended."""
+
+    def __init__(self, topic: str, partition: int, producer_id: int, sequence: int, expected: int):
+        super().__init__(topic, partition, producer_id, sequence, expected,
+                         "already appended, before the last 5 batches")

@@ -23,6 +23,16 @@ class MessageId(NamedTuple):
         return f"{self.topic}/{self.partition}@{self.offset}"
 
 
+class AbortedTransaction(NamedTuple):
+    """An aborted transaction of a partition, as a Kafka Fetch response
+    lists it: its producer id, its first offset there, and the offset of its
+    ABORT marker (``last_offset``)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
 # Built in the Cython core, straight from a mapped batch.
 Message = _log.Message
 

@@ -10,8 +10,12 @@ Files in ``<data>/topics/<topic>/<p>/`` (docs/FORMAT.md has the bytes):
   Opening scans only from there, so reopening costs the same however long
   the log is.
 - ``txnbuffer.snap``: the transaction buffer (open transactions, aborted
-  ones) as of an offset; opening loads it and replays the batch headers
-  after that offset.
+  ones) as of an offset; ``producers.snap``: the idempotent-producer table
+  as of an offset. Opening loads both and replays the batch headers after
+  the lower of the two offsets.
+- ``<base>.txnindex``: the aborted transactions whose ABORT marker is in
+  that segment, as (producer id, first offset, marker offset), Kafka's
+  .txnindex: what :meth:`Partition.aborted_transactions` answers from.
 
 The transaction buffer (DESIGN.md §3): ``ongoing`` holds the open
 transactions with data here in order of their first offset, and its head is
@@ -20,6 +24,11 @@ have data in retained segments. A transaction's first batch is entered in
 ``ongoing`` before its bytes become readable, and an aborted one enters
 ``aborted`` before it leaves ``ongoing``, so a lock-free reader never sees
 an open or aborted batch below ``max_read_position`` unmarked.
+
+Idempotence (DESIGN.md §4): a batch with a producer id is checked against
+the producer table under the partition lock (``_producers.ProducerStates``):
+the next sequence is appended, a retried one returns the original offsets,
+anything else raises.
 
 Appends take the partition lock; reads take no lock (a reader only looks
 below ``end_offset``, which moves after the bytes are in place).
@@ -37,15 +46,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from txmq._log import FLAG, BatchSpec, Segment, SegmentClosedError, crc32c_of
+from txmq._producers import DUPLICATE, FENCED, OUT_OF_ORDER, ProducerStates
 from txmq._redolog import sync_dir
 from txmq._txn import AbortSet, OngoingQueue
-from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
+from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, MessageTooLargeError,
+                         OutOfOrderSequenceError, ProducerFencedError)
 from txmq.files import write_atomic
 from txmq.txn import TxnID
 
 log = logging.getLogger("txmq.partition")
 
 SEGMENT_SUFFIX = ".log"
+SEGMENT_FILES = (SEGMENT_SUFFIX, ".index", ".timeindex", ".txnindex")   # deleted together
 INDEX_ENTRY = np.dtype([("a", "<i8"), ("b", "<i8")])
 
 # recovery-point: magic, version, 3 reserved, segment base, position,
@@ -73,6 +85,19 @@ TXNBUF_HAS_TXN_DATA = 1      # flags: the log has held transactional batches
 # as are open, if more), or by the broker's timer when anything changed.
 SNAPSHOT_EVERY_TXNS = 1000
 
+# producers.snap: magic, version, 3 reserved, replay-from offset, the
+# producer table (_producers to_bytes), crc32c of all before it.
+PRODUCERS_MAGIC = b"TXPS"
+PRODUCERS_VERSION = 1
+PRODUCERS_HEAD = struct.Struct("<4sB3xq")
+
+# <base>.txnindex entry: txn hi, txn lo, producer id, first offset, marker
+# offset, crc32c of the 40 bytes before it, 4 reserved.
+TXNINDEX_ENTRY = struct.Struct("<QQqqqI4x")
+assert TXNINDEX_ENTRY.size == 48
+
+DEFAULT_PRODUCER_EXPIRATION_MS = 7 * 24 * 3600 * 1000
+
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -95,7 +120,8 @@ class Partition:
 
     def __init__(self, path, topic: str, index: int, *, fsync: str = "commit",
                  segment_bytes_max: int = 256 * 1024 * 1024, max_message_bytes: int = 5 * 1024 * 1024,
-                 index_interval_bytes: int = 4096, clock=now_ms):
+                 index_interval_bytes: int = 4096, clock=now_ms,
+                 producer_expiration_ms: int = DEFAULT_PRODUCER_EXPIRATION_MS):
         self.path = os.fspath(path)
         self.topic = topic
         self.index = index
@@ -119,6 +145,10 @@ class Partition:
         self.ongoing = OngoingQueue()    # the transaction buffer (module docstring)
         self.aborted = AbortSet()
         self.txn_seen = False            # any transactional batch (so any marker) in the log
+        self.producers = ProducerStates()   # idempotent producers (module docstring)
+        self.producer_expiration_ms = producer_expiration_ms
+        self._txnindex: dict = {}        # segment base -> [(hi, lo, producer id, first, marker)]
+        self._txnindex_dirty: set = set()   # segment bases whose .txnindex changed since its fsync
         self._ended_since_snapshot = 0
         os.makedirs(self.path, exist_ok=True)
         self._open()
@@ -176,6 +206,7 @@ class Partition:
             seg = Segment(self._file(0, SEGMENT_SUFFIX), 0, self.segment_bytes_max, True,
                           self.index_interval_bytes)
             seg.recover(0, 0)
+            _touch(self._file(0, ".txnindex"))
             self._segments = (seg,)
             self._write_recovery_point()
             return
@@ -208,7 +239,7 @@ class Partition:
                 for later in bases[i + 1:]:
                     self._report(Dropped(self._file(later, SEGMENT_SUFFIX), 0,
                                          "segment after a truncated one"))
-                    for suffix in (SEGMENT_SUFFIX, ".index", ".timeindex"):
+                    for suffix in SEGMENT_FILES:
                         _unlink(self._file(later, suffix))
                 if not last:
                     seg.close(trim=True)
@@ -356,8 +387,8 @@ class Partition:
             pass
 
     def append(self, spec: BatchSpec, flags: int = 0, txn=None,
-               producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
-               sync: bool | None = None) -> int:
+               producer_id: int = -1, producer_epoch: int = 0, base_sequence: int = -1,
+               sync: bool | None = None, fence=None) -> int:
         """Append one batch; return its base offset.
 
         ``txn`` (a coordinator's TxnMeta) makes it a batch of that
@@ -366,6 +397,15 @@ class Partition:
         by default it follows the fsync mode (only ``"always"`` syncs plain
         appends; a transaction's data is made durable by its commit). This
         is the hot path of every send: keep it lean.
+
+        With ``producer_id`` >= 0 the batch is idempotent: ``base_sequence``
+        -1 takes the producer's next sequence here; an explicit one must be
+        the next (appended), or that of one of the producer's last 5
+        batches (nothing appended: that batch's base offset is returned).
+        Raises :class:`OutOfOrderSequenceError` (a gap),
+        :class:`DuplicateSequenceError` (an older sequence) or
+        :class:`ProducerFencedError` (a lower epoch than the partition has
+        seen, or ``fence.fenced``: an instance a newer one replaced).
         """
         if spec.max_message_bytes > self.max_message_bytes or spec.encoded_size() > self.segment_bytes_max:
             self._too_large(spec)
@@ -373,6 +413,13 @@ class Partition:
         with self.lock:
             if not self._segments:
                 raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
+            if producer_id >= 0:
+                if fence is not None and fence.fenced:
+                    raise fence.fenced_error()
+                seq = self._sequence_for(spec, producer_id, producer_epoch, base_sequence, txn)
+                if seq < 0:                  # a retry: its original offsets
+                    return -seq - 1
+                base_sequence = seq
             added = False
             if txn is not None:
                 txn.check_open("send")
@@ -388,6 +435,9 @@ class Partition:
                 if added:
                     self.ongoing.remove(txn_hi, txn_lo)
                 raise
+            if producer_id >= 0:
+                self.producers.record(producer_id, producer_epoch, base_sequence, spec.count, base,
+                                      self.last_publish_time)
             end = self.end_offset
         if txn is None and (self._sync_always if sync is None else sync):
             self.sync_to(end)
@@ -395,6 +445,35 @@ class Partition:
             for cb in self._listeners:
                 cb(self)
         return base
+
+    def _sequence_for(self, spec: BatchSpec, producer_id: int, epoch: int, seq: int, txn) -> int:
+        """The sequence to append a batch of ``producer_id`` at, or -1 -
+        base offset of the cached batch it retries (partition lock held)."""
+        table = self.producers
+        if seq < 0:
+            seq = table.next_sequence(producer_id, epoch)
+            if seq == FENCED:
+                raise ProducerFencedError(producer_id, epoch, f"epoch {table.epoch_of(producer_id)} "
+                                          f"of the producer id wrote to {self.topic}/{self.index}")
+            return seq
+        r = table.check(producer_id, epoch, seq, spec.count)
+        if r >= 0:
+            if txn is not None:
+                txn.check_open("send")       # a late retry never answers for an ended transaction
+            return -r - 1
+        if r == FENCED:
+            raise ProducerFencedError(producer_id, epoch, f"epoch {table.epoch_of(producer_id)} "
+                                      f"of the producer id wrote to {self.topic}/{self.index}")
+        if r == OUT_OF_ORDER or r == DUPLICATE:
+            expected = table.next_sequence(producer_id, epoch)
+            cls = DuplicateSequenceError if r == DUPLICATE else OutOfOrderSequenceError
+            raise cls(self.topic, self.index, producer_id, seq, expected)
+        return seq
+
+    def last_sequence(self, producer_id: int) -> int:
+        """The last sequence ``producer_id`` appended here, or -1."""
+        with self.lock:
+            return self.producers.last_sequence(producer_id)
 
     def _append_locked(self, spec: BatchSpec, flags: int, txn_hi: int, txn_lo: int, producer_id: int,
                        producer_epoch: int, base_sequence: int) -> int:
@@ -428,10 +507,14 @@ class Partition:
         with self.lock:
             if not self._segments:
                 raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
-            if not self.ongoing.contains(hi, lo):
+            first = self.ongoing.first_offset_of(hi, lo)
+            if first < 0:
                 return -1
-            base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, -1, -1, -1)
-            self._ended(hi, lo, commit, base)
+            # The marker carries the producer of the transaction's first batch
+            # here, as a Kafka marker does.
+            pid, epoch = self._producer_at(first)
+            base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
+            self._ended(hi, lo, commit, base, pid)
             self._ended_since_snapshot += 1
             # A snapshot costs what the buffer holds: spread it over as many ends.
             snapshot = self._ended_since_snapshot >= max(SNAPSHOT_EVERY_TXNS, len(self.ongoing))
@@ -442,12 +525,122 @@ class Partition:
                 cb(self)
         return base
 
-    def _ended(self, hi: int, lo: int, commit: bool, marker_offset: int) -> None:
+    def _ended(self, hi: int, lo: int, commit: bool, marker_offset: int, producer_id: int) -> None:
         """Transaction (hi, lo) ended at its marker: an aborted one enters
-        ``aborted`` before it leaves ``ongoing`` (see the module docstring)."""
+        ``aborted`` (and the .txnindex of the marker's segment) before it
+        leaves ``ongoing`` (see the module docstring)."""
         if not commit:
-            self.aborted.add(hi, lo, self.ongoing.first_offset_of(hi, lo), marker_offset)
+            first = self.ongoing.first_offset_of(hi, lo)
+            self.aborted.add(hi, lo, first, marker_offset)
+            self._index_abort((hi, lo, producer_id, first, marker_offset))
         self.ongoing.remove(hi, lo)
+
+    def _producer_at(self, offset: int):
+        """(producer id, epoch) of the batch starting at ``offset``, or (-1, 0)
+        (partition lock held)."""
+        seg, pos = self.segment_for(offset)
+        if seg is not None:
+            info = seg.batch_at(pos)
+            if info.base_offset == offset:
+                return info.producer_id, info.producer_epoch
+        return -1, 0
+
+    # -- the aborted-transaction index (Kafka's .txnindex) ----------------------------
+
+    def _index_abort(self, entry: tuple) -> None:
+        """Record an aborted transaction in the .txnindex of the segment that
+        holds its marker (partition lock held)."""
+        base = self._segment_base(entry[4])
+        body = TXNINDEX_ENTRY.pack(*entry, 0)[:40]
+        with open(self._file(base, ".txnindex"), "ab") as f:
+            f.write(body + struct.pack("<I4x", crc32c_of(body)))
+        self._txnindex.setdefault(base, []).append(entry)
+        self._txnindex_dirty.add(base)
+
+    def _segment_base(self, offset: int) -> int:
+        segs = self._segments
+        for seg in reversed(segs):
+            if seg.base_offset <= offset:
+                return seg.base_offset
+        return segs[0].base_offset
+
+    def _load_txnindex(self, replay_from: int) -> None:
+        """Read every segment's .txnindex, keeping the entries whose marker
+        lies below ``replay_from`` (replay adds the others again). A missing
+        file below it is rebuilt from the abort set."""
+        self._txnindex = {}
+        self._txnindex_dirty = set()
+        rebuild = []
+        for seg in self._segments:
+            path = self._file(seg.base_offset, ".txnindex")
+            limit = min(replay_from, seg.next_offset)
+            try:
+                with open(path, "rb") as f:
+                    raw = f.read()
+            except FileNotFoundError:
+                if seg.base_offset < replay_from:
+                    rebuild.append(seg)
+                continue
+            keep, n = [], len(raw) // TXNINDEX_ENTRY.size
+            for i in range(n):
+                chunk = raw[i * TXNINDEX_ENTRY.size:(i + 1) * TXNINDEX_ENTRY.size]
+                *entry, crc = TXNINDEX_ENTRY.unpack(chunk)
+                if crc != crc32c_of(chunk[:40]) or not seg.base_offset <= entry[4] < seg.next_offset:
+                    self._report(Dropped(path, i * TXNINDEX_ENTRY.size, "bad aborted-transaction index "
+                                                                          "entry; cut there"))
+                    break
+                if entry[4] < limit:
+                    keep.append(tuple(entry))
+            if len(keep) != n or len(raw) % TXNINDEX_ENTRY.size:
+                self._write_txnindex(seg.base_offset, keep)
+            if keep:
+                self._txnindex[seg.base_offset] = keep
+        for seg in rebuild:
+            entries = [(hi, lo, self._producer_at(first)[0], first, marker)
+                       for hi, lo, first, marker in self.aborted.overlapping(seg.base_offset, seg.next_offset)
+                       if seg.base_offset <= marker < seg.next_offset]
+            self._write_txnindex(seg.base_offset, entries)
+            if entries:
+                self._txnindex[seg.base_offset] = entries
+
+    def _write_txnindex(self, base: int, entries: list) -> None:
+        out = []
+        for entry in entries:
+            body = TXNINDEX_ENTRY.pack(*entry, 0)[:40]
+            out.append(body + struct.pack("<I4x", crc32c_of(body)))
+        write_atomic(self._file(base, ".txnindex"), b"".join(out), fsync=self.fsync != "never")
+
+    def _sync_txnindex(self) -> None:
+        """fsync the .txnindex files written since the last call (partition
+        lock held; not under fsync="never")."""
+        dirty, self._txnindex_dirty = self._txnindex_dirty, set()
+        if self.fsync == "never":
+            return
+        for base in dirty:
+            try:
+                fd = os.open(self._file(base, ".txnindex"), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def aborted_transactions(self, from_offset: int, to_offset: int) -> list:
+        """``[(producer id, first offset, last offset)]`` of the aborted
+        transactions with data in [from_offset, to_offset), oldest first,
+        read from the .txnindex of the segments (Kafka's Fetch response field;
+        last offset is the ABORT marker's)."""
+        with self.lock:
+            out = []
+            for seg in self._segments:
+                if seg.next_offset <= from_offset:
+                    continue       # its markers all lie below from_offset
+                for _, _, pid, first, last in self._txnindex.get(seg.base_offset, ()):
+                    if first < to_offset and last >= from_offset:
+                        out.append((pid, first, last))
+        out.sort(key=lambda e: e[1])
+        return out
 
     def never_delivered(self, info, skip_aborted: bool) -> bool:
         """A marker, or (with ``skip_aborted``, READ_COMMITTED) a batch of
@@ -476,7 +669,7 @@ class Partition:
             return self.undeliverable(max(start, self.start_offset), end, skip_aborted)
         return n
 
-    # -- the transaction buffer snapshot -------------------------------------------
+    # -- snapshots: the transaction buffer and the producer table ------------------
 
     def snapshot_txn_buffer(self, if_changed: bool = False) -> bool:
         """Write ``txnbuffer.snap``: the buffer as of the log end. Opening
@@ -485,83 +678,104 @@ class Partition:
             if not self._segments or (if_changed and not self._ended_since_snapshot):
                 return False
             body = self._txn_snapshot_body()
-        self._write_txn_snapshot(body)
+        self._write_snapshot("txnbuffer.snap", body)
         return True
 
     def _txn_snapshot_body(self) -> bytes:
         """The snapshot of the buffer as of the log end (partition lock held)."""
         flags = TXNBUF_HAS_TXN_DATA if self.txn_seen else 0
-        body = (TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, flags, self.end_offset)
-                + self.ongoing.to_bytes() + self.aborted.to_bytes())
         self._ended_since_snapshot = 0
-        return body + struct.pack("<I", crc32c_of(body))
+        return _sealed(TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, flags, self.end_offset)
+                       + self.ongoing.to_bytes() + self.aborted.to_bytes())
 
-    def _write_txn_snapshot(self, raw: bytes) -> None:
+    def _write_snapshots(self) -> None:
+        """Both snapshots as of the log end, and the .txnindex entries so
+        far durable: a recovery point may now trust all three (partition
+        lock held)."""
+        self._sync_txnindex()
+        self._write_snapshot("txnbuffer.snap", self._txn_snapshot_body())
+        if len(self.producers):
+            self.producers.expire(self.clock() - self.producer_expiration_ms)
+        self._write_snapshot("producers.snap", _sealed(
+            PRODUCERS_HEAD.pack(PRODUCERS_MAGIC, PRODUCERS_VERSION, self.end_offset)
+            + self.producers.to_bytes()))
+
+    def _write_snapshot(self, name: str, raw: bytes) -> None:
         # Any snapshot within the log is a correct starting point, so
         # writers need no order: each renames its own temporary file.
-        write_atomic(os.path.join(self.path, "txnbuffer.snap"), raw, fsync=self.fsync != "never",
+        write_atomic(os.path.join(self.path, name), raw, fsync=self.fsync != "never",
                      tmp_suffix=f".{threading.get_ident()}.tmp")
 
-    def _load_txn_snapshot(self):
-        path = os.path.join(self.path, "txnbuffer.snap")
+    def _read_snapshot(self, name: str, magic: bytes, version: int, head: struct.Struct, parse):
+        """``(header fields, parse(tables))`` of snapshot ``name`` when its
+        CRC, magic and version check and its offset (the last header field)
+        lies in the log; otherwise None (a damaged one is reported)."""
+        path = os.path.join(self.path, name)
         try:
             with open(path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
             return None
         try:
-            if len(raw) < TXNBUF_HEAD.size + 12 or struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
+            if len(raw) < head.size + 8 or struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
                 raise ValueError("bad length or CRC")
-            magic, version, flags, offset = TXNBUF_HEAD.unpack_from(raw)
-            if magic != TXNBUF_MAGIC or version != TXNBUF_VERSION:
-                raise ValueError(f"bad magic or version {magic!r} {version}")
-            body = raw[TXNBUF_HEAD.size:-4]
-            ongoing, n = OngoingQueue.from_bytes(body)
-            aborted, m = AbortSet.from_bytes(body[n:])
-            if n + m != len(body):
-                raise ValueError("stray bytes after the tables")
+            fields = head.unpack_from(raw)
+            if fields[0] != magic or fields[1] != version:
+                raise ValueError(f"bad magic or version {fields[0]!r} {fields[1]}")
+            tables = parse(raw[head.size:-4])
         except (ValueError, struct.error) as e:
-            self._report(Dropped(path, 0, f"transaction buffer snapshot unusable ({e}); rebuilt from the log"))
+            self._report(Dropped(path, 0, f"snapshot unusable ({e}); rebuilt from the log"))
             return None
-        if not self.start_offset <= offset <= self.end_offset:
+        if not self.start_offset <= fields[-1] <= self.end_offset:
             # Taken past a tail that recovery cut, or before retention
             # deleted what it starts from: rebuild from the log.
             return None
-        self.txn_seen = bool(flags & TXNBUF_HAS_TXN_DATA)
-        return offset, ongoing, aborted
+        return fields, tables
 
     def _recover_txn_buffer(self) -> None:
-        """Load the snapshot and replay the batch headers after it."""
+        """Load the transaction-buffer and producer snapshots and replay the
+        batch headers after them; load the .txnindex files."""
         for name in os.listdir(self.path):
-            if name.startswith("txnbuffer.snap.") and name.endswith(".tmp"):
+            if name.endswith(".tmp") and name.startswith(("txnbuffer.snap.", "producers.snap.")):
                 _unlink(os.path.join(self.path, name))      # a write a crash cut short
-        had_snapshot = os.path.exists(os.path.join(self.path, "txnbuffer.snap"))
-        snap = self._load_txn_snapshot()
-        if snap is None:
-            offset = self.start_offset
-        else:
-            offset, self.ongoing, self.aborted = snap
-        seg, pos = self.segment_for(offset)
-        ongoing, aborted = self.ongoing, self.aborted
+        had_snapshots = all(os.path.exists(os.path.join(self.path, n))
+                            for n in ("txnbuffer.snap", "producers.snap"))
+        txn_snap = self._read_snapshot("txnbuffer.snap", TXNBUF_MAGIC, TXNBUF_VERSION, TXNBUF_HEAD,
+                                       _parse_txn_tables)
+        txn_from = prod_from = self.start_offset
+        if txn_snap is not None:
+            (_, _, flags, txn_from), (self.ongoing, self.aborted) = txn_snap
+            self.txn_seen = bool(flags & TXNBUF_HAS_TXN_DATA)
+        prod_snap = self._read_snapshot("producers.snap", PRODUCERS_MAGIC, PRODUCERS_VERSION,
+                                        PRODUCERS_HEAD, _parse_producer_table)
+        if prod_snap is not None:
+            (_, _, prod_from), self.producers = prod_snap
+        self._load_txnindex(txn_from)
+        seg, pos = self.segment_for(min(txn_from, prod_from))
+        ongoing, aborted, producers = self.ongoing, self.aborted, self.producers
         replayed = 0
         while seg is not None:
             replayed += 1
             info = seg.batch_at(pos)
-            if info.flags & TRANSACTIONAL and info.base_offset >= offset:
+            base = info.base_offset
+            if info.flags & TRANSACTIONAL and base >= txn_from:
                 self.txn_seen = True
                 hi, lo = info.txn_hi, info.txn_lo
                 if info.is_control:
                     if ongoing.contains(hi, lo):
-                        self._ended(hi, lo, not info.flags & MARKER_ABORT, info.base_offset)
+                        self._ended(hi, lo, not info.flags & MARKER_ABORT, base, info.producer_id)
                 elif not aborted.contains(hi, lo):
-                    ongoing.add(hi, lo, info.base_offset, info.publish_time)
+                    ongoing.add(hi, lo, base, info.publish_time)
+            if info.producer_id >= 0 and base >= prod_from and not info.is_control:
+                producers.record(info.producer_id, info.producer_epoch, info.base_sequence, info.count,
+                                 base, info.publish_time)
             seg, pos = self.next_batch(seg, pos)
         aborted.trim_below(self.start_offset)
-        if replayed or (snap is None and had_snapshot):
+        if replayed or not had_snapshots or txn_snap is None or prod_snap is None:
             # A snapshot that was refused (or is behind) must not be found
             # again once the log grows past its offset: replace it now.
-            self._ended_since_snapshot = 1
-            self.snapshot_txn_buffer()
+            with self.lock:
+                self._write_snapshots()
 
     def _too_large(self, spec: BatchSpec):
         if spec.max_message_bytes > self.max_message_bytes:
@@ -578,11 +792,12 @@ class Partition:
         seg = Segment(self._file(old.next_offset, SEGMENT_SUFFIX), old.next_offset,
                       self.segment_bytes_max, True, self.index_interval_bytes)
         seg.recover(0, old.next_offset)
+        _touch(self._file(old.next_offset, ".txnindex"))
         if self.fsync != "never":
             sync_dir(self.path)
         self._segments = self._segments + (seg,)
         self._write_recovery_point()
-        self._write_txn_snapshot(self._txn_snapshot_body())
+        self._write_snapshots()
 
     def _checkpoint(self) -> None:
         """Make the bytes so far durable (unless fsync="never") and record a
@@ -593,7 +808,7 @@ class Partition:
             seg.sync(self._checkpoint_pos, seg.size)
         self._append_index(seg)
         self._write_recovery_point()
-        self._write_txn_snapshot(self._txn_snapshot_body())
+        self._write_snapshots()
 
     def sync_to(self, offset: int) -> None:
         """Make every offset below ``offset`` durable. Threads that wait here
@@ -709,9 +924,10 @@ class Partition:
                 total -= seg.size
                 self._segments = tuple(segs)
                 seg.close(trim=False)
-                for suffix in (SEGMENT_SUFFIX, ".index", ".timeindex"):
+                for suffix in SEGMENT_FILES:
                     _unlink(self._file(seg.base_offset, suffix))
                 self._index_written.pop(seg.base_offset, None)
+                self._txnindex.pop(seg.base_offset, None)
                 deleted += 1
             if deleted:
                 self.aborted.trim_below(self.start_offset)
@@ -727,11 +943,10 @@ class Partition:
             self._checkpoint()
 
     def close(self) -> None:
-        if self._segments:
-            self.snapshot_txn_buffer(if_changed=True)
         with self.lock:
             if not self._segments:
                 return
+            self._write_snapshots()
             seg = self.active
             if self.fsync != "never":
                 seg.sync()
@@ -768,6 +983,26 @@ class Partition:
         }
 
 
+def _sealed(body: bytes) -> bytes:
+    """``body`` followed by its crc32c: a snapshot file's bytes."""
+    return body + struct.pack("<I", crc32c_of(body))
+
+
+def _parse_txn_tables(body: bytes):
+    ongoing, n = OngoingQueue.from_bytes(body)
+    aborted, m = AbortSet.from_bytes(body[n:])
+    if n + m != len(body):
+        raise ValueError("stray bytes after the tables")
+    return ongoing, aborted
+
+
+def _parse_producer_table(body: bytes):
+    table, n = ProducerStates.from_bytes(body)
+    if n != len(body):
+        raise ValueError("stray bytes after the producer table")
+    return table
+
+
 def _retrying(fn, arg):
     """Run a lock-free read again when retention closed a segment under it
     (the next attempt sees the new segment list)."""
@@ -777,6 +1012,12 @@ def _retrying(fn, arg):
         except SegmentClosedError:
             continue
     return fn(arg)
+
+
+def _touch(path: str) -> None:
+    """Create ``path`` empty (a segment's .txnindex starts so: a missing one
+    means lost, and is rebuilt)."""
+    open(path, "ab").close()
 
 
 def _unlink(path: str) -> None:

@@ -9,7 +9,8 @@ import numpy as np
 
 from txmq._log import BatchSpec
 from txmq._partitioner import partition_for, partitions_for_arrow, partitions_for_list
-from txmq.errors import BrokerClosedError, InvalidMessageError, PartitionNotFoundError
+from txmq.errors import (BrokerClosedError, InvalidArgumentError, InvalidMessageError, PartitionNotFoundError,
+                         ProducerFencedError)
 from txmq.message import MessageId, MessageIds
 
 
@@ -19,13 +20,32 @@ class Producer:
     Without a key, each ``send`` / ``send_batch`` goes to the next partition
     in turn; with a key, to the partition Kafka's default partitioner picks
     (murmur2), so keyed data lands where a Kafka client would put it.
+
+    Every producer is idempotent (DESIGN.md §4): it has a producer id, an
+    epoch, and per partition a sequence that each batch carries, so a batch
+    sent again with its sequence (``sequence=``) is appended once and
+    answers with its original ids. A named producer
+    (``broker.producer(topic, name="svc-a")``) keeps its producer id across
+    restarts and continues its sequences (:attr:`last_sequence`); opening
+    the same name on the topic again fences this instance. A producer of a
+    :class:`~txmq.TransactionalProducer` sends only in that producer's
+    transactions.
     """
 
-    def __init__(self, broker, topic):
+    def __init__(self, broker, topic, producer_id: int, epoch: int = 0, name: str | None = None,
+                 owner=None):
         self._broker = broker
         self._topic = topic
         self._rr = itertools.count(random.randrange(1 << 16))
         self.closed = False
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.name = name
+        self.fenced = False
+        self._owner = owner                       # a TransactionalProducer, or None
+        # Checked under the partition lock: the owner for a transactional
+        # producer's producers, this instance for a named one.
+        self._fence = owner if owner is not None else self if name is not None else None
 
     @property
     def topic(self) -> str:
@@ -41,20 +61,39 @@ class Producer:
             return parts[partition_for(key, len(parts))]
         return parts[next(self._rr) % len(parts)]
 
+    @property
+    def last_sequence(self) -> dict:
+        """``{partition: last sequence}`` this producer id appended to each
+        partition of the topic (-1: none yet). A restarted named producer
+        resends from here; its next sends continue after it."""
+        return {p.index: p.last_sequence(self.producer_id) for p in self._topic.partitions}
+
+    def fenced_error(self) -> ProducerFencedError:
+        return ProducerFencedError(self.name, self.epoch, f"opened again on topic {self._topic.name!r}")
+
     def _check_open(self):
         if self.closed:
             raise BrokerClosedError(f"producer of {self._topic.name!r} is closed")
         self._broker._check_open()
+        if self._fence is not None and self._fence.fenced:
+            raise self._fence.fenced_error()
 
-    def _append(self, p, spec, txn):
+    def _append(self, p, spec, txn, sequence):
         if txn is None:
-            return p.append(spec)
+            if self._owner is not None:
+                raise InvalidArgumentError("txn", None, f"a transaction of transactional producer "
+                                                        f"{self._owner.transactional_id!r} (begin())")
+            return p.append(spec, 0, None, self.producer_id, self.epoch, sequence, None, self._fence)
         meta = txn._checked_meta(self._broker)
+        if self._owner is not None and meta.owner is not self._owner:
+            raise InvalidArgumentError("txn", txn, f"a transaction of transactional producer "
+                                                   f"{self._owner.transactional_id!r} (begin())")
         if meta.partitions.get((p.topic, p.index)) is not p:
             self._broker._coordinator_of(meta).register_partition(meta, p)
-        return p.append(spec, txn=meta)
+        return p.append(spec, 0, meta, self.producer_id, self.epoch, sequence, None, self._fence)
 
-    def send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None) -> MessageId:
+    def send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None,
+             sequence: int | None = None) -> MessageId:
         """Append one message; return its :class:`MessageId` once it is in the
         log (and durable, under ``fsync="always"``).
 
@@ -67,13 +106,25 @@ class Producer:
         :class:`~txmq.errors.TransactionTimeoutError` /
         :class:`~txmq.errors.InvalidTxnStateError` when ``txn`` is no longer
         open.
+
+        ``sequence`` sends with an explicit sequence number (int32) for the
+        target partition instead of the next one: resending a sequence that
+        is among the partition's last 5 batches of this producer returns the
+        original MessageId and appends nothing (retries after a timeout or a
+        crash); a gap raises :class:`~txmq.errors.OutOfOrderSequenceError`,
+        an older sequence :class:`~txmq.errors.DuplicateSequenceError`. A
+        fenced instance raises :class:`~txmq.errors.ProducerFencedError`.
         """
-        if self.closed or self._broker._closed:
+        if self.closed or self._broker._closed or self._fence is not None:
             self._check_open()
         if key is not None and type(key) is not bytes:
             key = _key_bytes(key)
         if event_time is not None and type(event_time) is not int:
             raise InvalidMessageError("event_time (expected int milliseconds)", event_time)
+        if sequence is None:
+            sequence = -1
+        elif type(sequence) is not int or not 0 <= sequence < SEQUENCE_LIMIT:
+            raise InvalidArgumentError("sequence", sequence, "an int from 0 to 2**31 - 1")
         spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
                          None if event_time is None else [event_time])
         parts = self._topic.partitions
@@ -81,12 +132,14 @@ class Producer:
             p = self._partition(key, partition)
         else:
             p = parts[next(self._rr) % len(parts)]
-        if txn is None:
-            return _new_id(MessageId, (self._topic.name, p.index, p.append(spec)))
-        return _new_id(MessageId, (self._topic.name, p.index, self._append(p, spec, txn)))
+        if txn is None and self._owner is None:
+            return _new_id(MessageId, (self._topic.name, p.index,
+                                       p.append(spec, 0, None, self.producer_id, self.epoch, sequence, None,
+                                                self._fence)))
+        return _new_id(MessageId, (self._topic.name, p.index, self._append(p, spec, txn, sequence)))
 
     def send_batch(self, values, keys=None, headers=None, event_times=None, partition=None,
-                   txn=None) -> MessageIds:
+                   txn=None, sequence: int | None = None) -> MessageIds:
         """Append many messages; return their ids in input order.
 
         ``values`` is a list of bytes or a pyarrow binary/string array (the
@@ -94,8 +147,17 @@ class Producer:
         per-message Python work). Messages bound for one partition form one
         batch; without keys the whole call goes to one partition. ``txn``
         makes every message part of that transaction.
+
+        ``sequence`` is the batch's base sequence (the messages take
+        ``sequence`` .. ``sequence + n - 1``), with the rules of
+        :meth:`send`; it needs the batch to go to one partition (no keys,
+        or ``partition=``).
         """
         self._check_open()
+        if sequence is None:
+            sequence = -1
+        elif type(sequence) is not int or not 0 <= sequence < SEQUENCE_LIMIT:
+            raise InvalidArgumentError("sequence", sequence, "an int from 0 to 2**31 - 1")
         if isinstance(values, tuple):
             values = list(values)
         if isinstance(keys, tuple):
@@ -107,11 +169,14 @@ class Producer:
         if partition is not None or keys is None or len(parts) == 1:
             p = self._partition(None, partition)
             spec = BatchSpec(values, keys, headers, event_times)
-            base = self._append(p, spec, txn)
+            base = self._append(p, spec, txn, sequence)
             return MessageIds(self._topic.name, np.full(n, p.index, np.int32),
                               np.arange(base, base + n, dtype=np.int64))
         if len(keys) != n:
             raise InvalidMessageError(f"keys (expected {n} entries)", len(keys))
+        if sequence >= 0:
+            raise InvalidArgumentError("sequence", sequence, "a batch bound for one partition "
+                                                             "(pass partition= with keys)")
         if isinstance(keys, list):
             targets = partitions_for_list(keys, len(parts))
         else:
@@ -125,7 +190,7 @@ class Producer:
             spec = BatchSpec(_take(values, idx), _take(keys, idx),
                              None if headers is None else [headers[i] for i in idx],
                              None if event_times is None else np.asarray(event_times)[idx])
-            base = self._append(parts[pi], spec, txn)
+            base = self._append(parts[pi], spec, txn, -1)
             offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
         return MessageIds(self._topic.name, targets, offsets)
 
@@ -134,6 +199,8 @@ class Producer:
 
     def close(self) -> None:
         self.closed = True
+        if self.name is not None:
+            self._broker._named_closed(self)
 
     def __enter__(self):
         return self
@@ -142,6 +209,7 @@ class Producer:
         self.close()
 
 
+SEQUENCE_LIMIT = 1 << 31
 _new_id = tuple.__new__   # MessageId without its Python-level __new__: the send hot path
 
 

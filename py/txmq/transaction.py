@@ -46,15 +46,21 @@ class Transaction:
 
         Raises :class:`~txmq.errors.TransactionTimeoutError` if the
         transaction timed out, :class:`~txmq.errors.InvalidTxnStateError` if
-        it is not open."""
+        it is not open, :class:`~txmq.errors.ProducerFencedError` if it
+        belongs to a transactional producer a newer instance replaced."""
         self._broker._check_open()
+        self._meta.check_owner()
         self._coordinator.end(self._meta, True)
 
     def abort(self) -> None:
         """Discard the transaction's messages; its acked messages become
         deliverable again (redelivery count + 1). Aborting a transaction the
-        broker already aborted (timeout, force-abort) does nothing."""
+        broker already aborted (timeout, force-abort) does nothing; a fenced
+        transactional producer's transaction raises
+        :class:`~txmq.errors.ProducerFencedError` (it was aborted when the
+        newer instance opened)."""
         self._broker._check_open()
+        self._meta.check_owner()
         self._coordinator.end(self._meta, False)
 
     def _checked_meta(self, broker):
@@ -62,6 +68,8 @@ class Transaction:
         if broker is not self._broker:
             from txmq.errors import InvalidArgumentError
             raise InvalidArgumentError("txn", self, "a transaction of the same broker")
+        if self._meta.owner is not None:
+            self._meta.check_owner()
         return self._meta
 
     def __enter__(self) -> "Transaction":
@@ -70,7 +78,8 @@ class Transaction:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             self.commit()
-        elif self._meta.state is TxnState.OPEN and not self._broker.closed:
+        elif self._meta.state is TxnState.OPEN and not self._broker.closed and not (
+                self._meta.owner is not None and self._meta.owner.fenced):
             self.abort()
         return False
 

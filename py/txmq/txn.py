@@ -77,7 +77,7 @@ class TxnMeta:
     """
 
     __slots__ = ("id", "words", "state", "timeout", "start_ms", "deadline", "partitions",
-                 "subscriptions", "lock", "reason", "decided")
+                 "subscriptions", "lock", "reason", "decided", "owner")
 
     def __init__(self, txn_id: TxnID, timeout: float, start_ms: int, deadline: float):
         self.id = txn_id
@@ -91,12 +91,21 @@ class TxnMeta:
         self.lock = threading.Lock()
         self.reason = None                # why it was aborted by the broker, if it was
         self.decided = None               # True / False once COMMITTING / ABORTING is logged
+        self.owner = None                 # the TransactionalProducer that began it, if one did
 
     def check_open(self, doing: str = "use it") -> None:
         if self.state is not TxnState.OPEN:
             raise self.not_open(doing)
 
+    def check_owner(self) -> None:
+        """Refuse any use once a newer instance of the transactional id that
+        began this transaction was opened."""
+        if self.owner is not None and self.owner.fenced:
+            raise self.owner.fenced_error()
+
     def not_open(self, doing: str):
+        if self.reason == "fenced":
+            return self.owner.fenced_error()
         if self.reason == "timeout":
             return TransactionTimeoutError(self.id, self.timeout)
         return InvalidTxnStateError(self.id, self.state.value, doing)

@@ -179,19 +179,23 @@ def test_replay_coordinator_and_snapshot_roundtrip():
         (T.TC_BEGIN, _txn(1, 3) + struct.pack("<qq", 60000, 125)),
         (T.TC_ABORTING, _txn(1, 3)),
         (T.TC_ABORTED, _txn(1, 3)),
+        (T.TC_PRODUCER, T.encode_producer("etl-1", 7, 0)),
+        (T.TC_PRODUCER, T.encode_producer("etl-1", 7, 1)),
+        (T.TC_PRODUCER, T.encode_producer("etl-2", 9, 32767)),
     ]
-    next_lo, txns = T.replay_coordinator(frames)
+    next_lo, txns, tids = T.replay_coordinator(frames)
     w1, w2, w3 = (T.txn_words(1, s) for s in (1, 2, 3))
     assert next_lo == 4
     assert txns[w1] == [T.COMMITTING, 5000, 123, {("orders", 3)}, {("orders", "billing")}]
     assert txns[w2] == [T.OPEN, 60000, 124, None, None] and txns[w3][0] == T.ABORTED
+    assert tids == {"etl-1": (7, 1), "etl-2": (9, 32767)}
     # Through the real frame encoder, and a snapshot of the result.
     raw = b"".join(frame(k, p) for k, p in frames)
     parsed, end, reason = parse(raw, 0)
-    assert reason is None and T.replay_coordinator([(k, p) for k, p, _ in parsed]) == (next_lo, txns)
-    snap = T.encode_coordinator_snapshot(next_lo, {w1: txns[w1], w2: txns[w2]})
+    assert reason is None and T.replay_coordinator([(k, p) for k, p, _ in parsed]) == (next_lo, txns, tids)
+    snap = T.encode_coordinator_snapshot(next_lo, {w1: txns[w1], w2: txns[w2]}, tids)
     again = T.replay_coordinator([(1, snap)])
-    assert again == (4, {w1: txns[w1], w2: txns[w2]})
+    assert again == (4, {w1: txns[w1], w2: txns[w2]}, tids)
     again = T.replay_coordinator([(1, snap), (T.TC_COMMITTED, _txn(1, 1))])
     assert again[1][w1] == [T.COMMITTED, 5000, 123, None, None]
 

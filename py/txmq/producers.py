@@ -1,0 +1,124 @@
+"""Producer ids and named producers of a data directory (DESIGN.md §4).
+
+``<data>/producers.log`` is a framed redo log (docs/FORMAT.md):
+
+- BLOCK (i64 end): producer ids below ``end`` may have been handed out.
+  Ids are given out from blocks of :data:`ID_BLOCK`, each reserved durably
+  before its first id is used, so an id is never given twice, also across a
+  crash (a restart starts at the next block).
+- NAME (text name, i64 id): the producer id a named producer keeps across
+  restarts.
+- SNAPSHOT (i64 end, u32 count, count x (text name, i64 id)): the state at a
+  compaction.
+
+Transactional ids map to (producer id, epoch) in the coordinator logs
+instead (coordinator.py); their ids come from here too.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+from txmq._redolog import RedoLog
+from txmq._txn import encode_text
+from txmq.errors import CorruptLogError
+
+PR_BLOCK, PR_NAME = 2, 3
+ID_BLOCK = 1024
+COMPACT_FRAMES = 4096
+_I64 = struct.Struct("<q")
+
+
+class ProducerRegistry:
+    """The persistent producer-id counter and the names of named producers.
+    Thread-safe."""
+
+    def __init__(self, path: str, fsync: str):
+        self.log = RedoLog(path, fsync)
+        self.lock = threading.Lock()
+        self.names: dict[str, int] = {}
+        self.reserved = 0            # ids below this may have been handed out
+        self.problems: list[str] = []
+        try:
+            for kind, payload in self.log.replay():
+                self._replay(kind, payload)
+        except (ValueError, struct.error, UnicodeDecodeError) as e:
+            raise CorruptLogError(path, 0, f"producer registry frame: {e}") from None
+        if self.log.dropped is not None:
+            pos, reason, n = self.log.dropped
+            self.problems.append(f"{path} at byte {pos}: {reason}; {n} bytes cut")
+        self.next_id = self.reserved       # the last block may be partly used: skip it
+
+    def _replay(self, kind: int, payload: bytes) -> None:
+        if kind == 1:
+            self.reserved = _I64.unpack_from(payload)[0]
+            n = struct.unpack_from("<I", payload, 8)[0]
+            pos = 12
+            self.names = {}
+            for _ in range(n):
+                name, pos = _text(payload, pos)
+                self.names[name] = _I64.unpack_from(payload, pos)[0]
+                pos += 8
+            _end(payload, pos)
+        elif kind == PR_BLOCK:
+            _end(payload, 8)
+            self.reserved = max(self.reserved, _I64.unpack_from(payload)[0])
+        elif kind == PR_NAME:
+            name, pos = _text(payload, 0)
+            pid = _I64.unpack_from(payload, pos)[0]
+            _end(payload, pos + 8)
+            self.names[name] = pid
+            self.reserved = max(self.reserved, pid + 1)
+        else:
+            raise ValueError(f"unknown frame type {kind}")
+
+    def allocate(self) -> int:
+        """A producer id never handed out before."""
+        with self.lock:
+            return self._allocate()
+
+    def _allocate(self) -> int:
+        if self.next_id >= self.reserved:
+            self.reserved = self.next_id + ID_BLOCK
+            self.log.append(PR_BLOCK, _I64.pack(self.reserved))
+            self.log.sync()
+            self._maybe_compact()
+        pid = self.next_id
+        self.next_id += 1
+        return pid
+
+    def id_of(self, name: str) -> int:
+        """The producer id of named producer ``name`` (given and recorded
+        durably on first use)."""
+        with self.lock:
+            pid = self.names.get(name)
+            if pid is None:
+                pid = self._allocate()
+                self.log.append(PR_NAME, encode_text(name) + _I64.pack(pid))
+                self.log.sync()
+                self.names[name] = pid
+                self._maybe_compact()
+            return pid
+
+    def _maybe_compact(self) -> None:
+        if self.log.frames_since_snapshot >= COMPACT_FRAMES + len(self.names):
+            parts = [_I64.pack(self.reserved), struct.pack("<I", len(self.names))]
+            for name, pid in self.names.items():
+                parts.append(encode_text(name) + _I64.pack(pid))
+            self.log.compact(b"".join(parts))
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def _text(payload: bytes, pos: int):
+    n = struct.unpack_from("<H", payload, pos)[0]
+    if pos + 2 + n > len(payload):
+        raise ValueError("name runs past the frame")
+    return payload[pos + 2:pos + 2 + n].decode("utf-8"), pos + 2 + n
+
+
+def _end(payload: bytes, pos: int) -> None:
+    if pos != len(payload):
+        raise ValueError(f"{len(payload) - pos} stray bytes after the frame payload")
