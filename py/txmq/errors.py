@@ -256,10 +256,11 @@ class OutOfOrderSequenceError(TxmqError, ValueError):
 
 
 class DuplicateSequenceError(OutOfOrderSequenceError):
-    """The sequence was appended already, but longer ago than the last 5
-    batches the partition remembers per producer, so their offsets cannot be
-    returned; nothing was appended."""
+    """The sequence was appended already, but not as one of the last 5
+    batches the partition remembers per producer (older, or a batch of
+    another size at that sequence), so no offsets can be returned; nothing
+    was appended."""
 
     def __init__(self, topic: str, partition: int, producer_id: int, sequence: int, expected: int):
         super().__init__(topic, partition, producer_id, sequence, expected,
-                         "already appended, before the last 5 batches")
+                         "already appended, and not as one of the last 5 batches")

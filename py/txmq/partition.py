@@ -438,6 +438,7 @@ class Partition:
             if producer_id >= 0:
                 self.producers.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                       self.last_publish_time)
+            self._maybe_checkpoint()
             end = self.end_offset
         if txn is None and (self._sync_always if sync is None else sync):
             self.sync_to(end)
@@ -478,7 +479,10 @@ class Partition:
     def _append_locked(self, spec: BatchSpec, flags: int, txn_hi: int, txn_lo: int, producer_id: int,
                        producer_epoch: int, base_sequence: int) -> int:
         """Write one batch into the active segment, rolling to a new one when
-        it is full; keep the recovery point near (partition lock held)."""
+        it is full (partition lock held). The caller records what the batch
+        changes (producer table, transaction buffer), then calls
+        :meth:`_maybe_checkpoint`: a snapshot taken in between would claim
+        the batch without its effect."""
         now = max(self.clock(), self.last_publish_time)
         seg = self._segments[-1]
         base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
@@ -488,9 +492,12 @@ class Partition:
             base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
             assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
         self.last_publish_time = now
-        if seg.size - self._checkpoint_pos >= CHECKPOINT_BYTES:
-            self._checkpoint()
         return base
+
+    def _maybe_checkpoint(self) -> None:
+        """Keep the recovery point near the log end (partition lock held)."""
+        if self._segments[-1].size - self._checkpoint_pos >= CHECKPOINT_BYTES:
+            self._checkpoint()
 
     # -- as a transaction participant (the coordinator's interface) ---------------
 
@@ -515,6 +522,7 @@ class Partition:
             pid, epoch = self._producer_at(first)
             base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
             self._ended(hi, lo, commit, base, pid)
+            self._maybe_checkpoint()
             self._ended_since_snapshot += 1
             # A snapshot costs what the buffer holds: spread it over as many ends.
             snapshot = self._ended_since_snapshot >= max(SNAPSHOT_EVERY_TXNS, len(self.ongoing))
