@@ -466,3 +466,19 @@ def test_checkpoint_after_the_batch_effects(tmp_path, monkeypatch):
     assert len(again.ongoing) == 0 and again.max_read_position == again.end_offset == 3
     again.close()
     part.close()
+
+
+def test_a_sequence_spent_in_another_transaction_is_not_a_retry(broker):
+    broker.create_topic("t")
+    p = broker.producer("t")
+    t1 = broker.new_transaction()
+    p.send(b"a", partition=0, sequence=0, txn=t1)
+    t1.abort()
+    t2 = broker.new_transaction()
+    with pytest.raises(DuplicateSequenceError):       # would report t1's aborted batch as sent
+        p.send(b"a", partition=0, sequence=0, txn=t2)
+    with pytest.raises(DuplicateSequenceError):
+        p.send(b"a", partition=0, sequence=0)
+    p.send(b"a", partition=0, sequence=1, txn=t2)
+    t2.commit()
+    assert log_values(broker, "t") == [b"a", b"a"] and broker.aborted_transactions("t", 0, 0)[0][1:] == (0, 1)

@@ -461,6 +461,13 @@ class Partition:
         if r >= 0:
             if txn is not None:
                 txn.check_open("send")       # a late retry never answers for an ended transaction
+            seg, pos = self.segment_for(r)
+            info = seg.batch_at(pos)
+            if (info.txn_hi, info.txn_lo) != (txn.words if txn is not None else (0, 0)):
+                # The sequence was spent in another transaction (or outside
+                # one): answering with that batch would report this one sent.
+                raise DuplicateSequenceError(self.topic, self.index, producer_id, seq,
+                                             table.next_sequence(producer_id, epoch))
             return -r - 1
         if r == FENCED:
             raise ProducerFencedError(producer_id, epoch, f"epoch {table.epoch_of(producer_id)} "
