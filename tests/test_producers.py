@@ -351,7 +351,11 @@ def test_broker_option_producer_id_expiration(tmp_path):
         p.send(b"a", partition=0)
         import time
         time.sleep(0.01)
-        b.flush()
+        b._snapshot_txn_buffers()                       # the broker's timer
+        assert p.last_sequence == {0: -1}
+        p.send(b"b", partition=0)
+        time.sleep(0.01)
+        b.flush()                                       # a recovery point
         assert p.last_sequence == {0: -1}
 
 

@@ -519,6 +519,7 @@ class Broker:
                     return
                 try:
                     p.snapshot_txn_buffer(if_changed=True)
+                    p.expire_producers()
                 except BrokerClosedError:
                     pass
 

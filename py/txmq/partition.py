@@ -703,6 +703,15 @@ class Partition:
         return _sealed(TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, flags, self.end_offset)
                        + self.ongoing.to_bytes() + self.aborted.to_bytes())
 
+    def expire_producers(self) -> int:
+        """Forget the producer ids whose last batch here is older than
+        ``producer_expiration_ms``; return how many (the broker's timer
+        calls it; snapshots do it too)."""
+        with self.lock:
+            if not len(self.producers):
+                return 0
+            return self.producers.expire(self.clock() - self.producer_expiration_ms)
+
     def _write_snapshots(self) -> None:
         """Both snapshots as of the log end, and the .txnindex entries so
         far durable: a recovery point may now trust all three (partition
