@@ -84,6 +84,17 @@ COMPARISONS = [
     Comparison("reopen after SIGKILL: 1.03M txns (another phase) / 10k txns", "1.02M txns",
                "10k txns", 2, "<=", kind="time",
                note="the same goal at another phase of the compaction and snapshot cycles"),
+    # -- idempotent producers (test_bench_producers.py) --
+    Comparison("send_batch 100x100B list, named vs anonymous producer, never", "named", "anonymous",
+               0.95, ">=", note="goal >= 95% of an anonymous producer's throughput"),
+    Comparison("send_batch 1000x100B list, named vs anonymous producer, never", "named", "anonymous",
+               0.95, ">=", note="goal >= 95% of an anonymous producer's throughput"),
+    Comparison("send_batch 100x100B list, named vs anonymous producer, commit", "named", "anonymous",
+               0.95, ">=", note="goal >= 95% of an anonymous producer's throughput"),
+    Comparison("send_batch 100x100B, 10k live producer ids / 1 on the partition", "10k ids", "1 id",
+               0.95, ">=", note="goal: throughput with 10,000 live ids >= 95% of that with 1"),
+    Comparison("send_batch 100x100B sequence=, 10k live producer ids / 1", "10k ids", "1 id",
+               0.95, ">=", note="the same goal, explicit sequences (the dedup-cache check)"),
 ]
 
 # comparison group -> the COMPARISONS rows it feeds
@@ -102,6 +113,11 @@ GROUPS = {
     "rc_aborted_receive_many": COMPARISONS[17:18],
     "rc_aborted_receive_batch": COMPARISONS[18:19],
     "txn_reopen": COMPARISONS[19:21],
+    "producers_named_100_never": COMPARISONS[21:22],
+    "producers_named_1000_never": COMPARISONS[22:23],
+    "producers_named_100_commit": COMPARISONS[23:24],
+    "producers_live_ids": COMPARISONS[24:25],
+    "producers_live_ids_explicit": COMPARISONS[25:26],
 }
 
 
