@@ -95,6 +95,8 @@ COMPARISONS = [
                0.95, ">=", note="goal: throughput with 10,000 live ids >= 95% of that with 1"),
     Comparison("send_batch 100x100B sequence=, 10k live producer ids / 1", "10k ids", "1 id",
                0.95, ">=", note="the same goal, explicit sequences (the dedup-cache check)"),
+    Comparison("send_batch 100x100B, 10k live ids / 1, 10k producer objects both", "10k ids", "1 id",
+               0.95, ">=", note="the table alone: both sides rotate over 10,000 producer objects"),
 ]
 
 # comparison group -> the COMPARISONS rows it feeds
@@ -118,6 +120,7 @@ GROUPS = {
     "producers_named_100_commit": COMPARISONS[23:24],
     "producers_live_ids": COMPARISONS[24:25],
     "producers_live_ids_explicit": COMPARISONS[25:26],
+    "producers_live_ids_objects": COMPARISONS[26:27],
 }
 
 

@@ -37,6 +37,7 @@ import time
 import pytest
 
 import txmq
+from txmq.producer import Producer
 from test_bench_send import payloads
 
 ROUNDS, WARMUP = 300, 10
@@ -149,18 +150,27 @@ TABLE_BATCH = 100        # messages per batch in the timed rounds
 TABLE_PER_ROUND = 100    # batches per round: 10,000 messages, ~1.1 MB
 
 
-def live_producers(broker, topic: str, n: int, value: bytes) -> list:
+def live_producers(broker, topic: str, n: int, value: bytes, shared_objects: bool = False) -> list:
     """``n`` anonymous producers that have each appended to partition 0 of
     ``topic``, so its producer table holds ``n`` live ids; and ROTATION
-    one-message batches in all on either side, so both logs start alike."""
-    producers = [broker.producer(topic) for _ in range(n)]
+    one-message batches in all on either side, so both logs start alike.
+    With ``shared_objects`` (n = 1): ROTATION producer objects that all
+    carry the one producer id, so the caller's side (cold producer objects)
+    costs what it costs with 10,000 ids and only the table differs."""
+    if shared_objects:
+        pid = broker._producer_ids.allocate()
+        producers = [Producer(broker, broker._topic(topic), pid) for _ in range(ROTATION)]
+    else:
+        producers = [broker.producer(topic) for _ in range(n)]
     for i in range(ROTATION):
-        producers[i % n].send_batch([value], partition=0)
+        producers[i % len(producers)].send_batch([value], partition=0)
     return producers
 
 
-@pytest.mark.parametrize("explicit", [False, True], ids=["next-seq", "explicit-seq"])
-def test_live_producer_ids(explicit, measure, benchmark, results, data_dir, request):
+@pytest.mark.parametrize("explicit,objects", [(False, "1 object"), (True, "1 object"),
+                                              (False, "10k objects")],
+                         ids=["next-seq", "explicit-seq", "next-seq-10k-objects"])
+def test_live_producer_ids(explicit, objects, measure, benchmark, results, data_dir, request):
     """Per round, 100 ``send_batch`` calls of the same 100 x 100 B list to
     partition 0. The ``10k ids`` side takes each call's producer from a
     fixed shuffled rotation of its 10,000 producers (every table lookup a
@@ -168,20 +178,26 @@ def test_live_producer_ids(explicit, measure, benchmark, results, data_dir, requ
     same length that names its one producer 10,000 times. With
     ``explicit``, each call passes ``sequence=`` (the producer's next one,
     tracked per slot on both sides), which runs the table's check against
-    the producer's 5 cached batches instead of taking the next sequence."""
+    the producer's 5 cached batches instead of taking the next sequence.
+
+    With ``objects="10k objects"`` the ``1 id`` side rotates over 10,000
+    producer objects that share its one id (built with the internal
+    ``Producer`` constructor): both sides then touch 10,000 cold producer
+    objects, and the ratio is the cost of the table alone."""
     broker = open_broker(data_dir, "never", request, "ids1", "ids10k")
     values = payloads(TABLE_BATCH, 100)
     rnd = random.Random(7)
     loops = {}
     for side, topic in (("1 id", "ids1"), ("10k ids", "ids10k")):
-        producers = live_producers(broker, topic, LIVE_IDS[side], values[0])
+        shared = side == "1 id" and objects == "10k objects"
+        producers = live_producers(broker, topic, LIVE_IDS[side], values[0], shared)
         assert all(p.last_sequence[0] >= 0 for p in producers)
         order = list(range(ROTATION))
         rnd.shuffle(order)
         # slot -> (producer, key of its next sequence in `nxt`). The producer
         # object, not a bound send_batch: a caller holds producers, and a
         # stored bound method would add one more cold object per call.
-        slots = [(producers[i % len(producers)], i % len(producers)) for i in order]
+        slots = [(producers[i % len(producers)], 0 if shared else i % len(producers)) for i in order]
         nxt = [p.last_sequence[0] + 1 for p in producers]
         loops[side] = (slots, nxt, producers)
 
@@ -201,7 +217,8 @@ def test_live_producer_ids(explicit, measure, benchmark, results, data_dir, requ
                     producer.send_batch(values, partition=0)
         return run
 
-    group = "producers_live_ids_explicit" if explicit else "producers_live_ids"
+    group = ("producers_live_ids_explicit" if explicit else
+             "producers_live_ids_objects" if objects == "10k objects" else "producers_live_ids")
     ran = alternate(measure, benchmark, results, group,
                     ("1 id", make_round(*loops["1 id"][:2])),
                     ("10k ids", make_round(*loops["10k ids"][:2])),
@@ -210,6 +227,7 @@ def test_live_producer_ids(explicit, measure, benchmark, results, data_dir, requ
     # 10,000 ids are all still in the partition's table.
     for side, rounds_run in zip(LIVE_IDS, ran):
         producers = loops[side][2]
-        total = sum(p.last_sequence[0] + 1 for p in producers)
+        distinct = {p.producer_id: p for p in producers}.values()
+        total = sum(p.last_sequence[0] + 1 for p in distinct)
         assert total == ROTATION + rounds_run * TABLE_PER_ROUND * TABLE_BATCH, (side, total)
         assert all(p.last_sequence[0] >= 0 for p in producers)

@@ -32,6 +32,9 @@ class Producer:
     transactions.
     """
 
+    __slots__ = ("_broker", "_topic", "_rr", "closed", "producer_id", "epoch", "name", "fenced", "_owner",
+                 "_fence", "__weakref__")
+
     def __init__(self, broker, topic, producer_id: int, epoch: int = 0, name: str | None = None,
                  owner=None):
         self._broker = broker
