@@ -383,6 +383,7 @@ def test_kafka_view_of_a_partition(broker):
     assert broker.aborted_transactions("t", 0, 5) == []
     with pytest.raises(InvalidArgumentError):
         broker.aborted_transactions("t", 0, -1)
+    assert broker.aborted_transactions("t", 0, 3, 2) == broker.aborted_transactions("t", 0, 2, 2) == []
     with pytest.raises(txmq.errors.PartitionNotFoundError):
         broker.last_stable_offset("t", 3)
 

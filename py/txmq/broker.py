@@ -575,9 +575,10 @@ class Broker:
     def aborted_transactions(self, topic: str, partition: int, from_offset: int,
                              to_offset: int | None = None) -> list:
         """The aborted transactions with data in ``[from_offset,
-        to_offset)`` (default: to the last stable offset) of a partition, as
-        :class:`AbortedTransaction` ``(producer_id, first_offset,
-        last_offset)``, ordered by first offset: what a Kafka Fetch response
+        to_offset)`` (default: to the last stable offset; none for an empty
+        range) of a partition, as :class:`AbortedTransaction`
+        ``(producer_id, first_offset, last_offset)``, ordered by first
+        offset: what a Kafka Fetch response
         carries so that a read_committed client drops their messages. Read
         from the per-segment aborted-transaction indexes (``.txnindex``)."""
         p = self._partition(topic, partition)
@@ -586,6 +587,8 @@ class Broker:
         for name, v in (("from_offset", from_offset), ("to_offset", to_offset)):
             if type(v) is not int or v < 0:
                 raise InvalidArgumentError(name, v, "an int offset >= 0")
+        if to_offset <= from_offset:
+            return []                   # an empty range (from past the last stable offset, say)
         return [AbortedTransaction(*e) for e in p.aborted_transactions(from_offset, to_offset)]
 
     def consumer_lag(self, topic: str, subscription: str) -> dict:

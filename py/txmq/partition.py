@@ -595,6 +595,8 @@ class Partition:
             except FileNotFoundError:
                 if seg.base_offset < replay_from:
                     rebuild.append(seg)
+                else:
+                    _touch(path)           # the replay writes what belongs in it
                 continue
             keep, n = [], len(raw) // TXNINDEX_ENTRY.size
             for i in range(n):
