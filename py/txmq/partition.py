@@ -416,10 +416,15 @@ class Partition:
             if producer_id >= 0:
                 if fence is not None and fence.fenced:
                     raise fence.fenced_error()
-                seq = self._sequence_for(spec, producer_id, producer_epoch, base_sequence, txn)
-                if seq < 0:                  # a retry: its original offsets
-                    return -seq - 1
-                base_sequence = seq
+                if base_sequence < 0:        # the next one (inline: the common case)
+                    base_sequence = self.producers.next_sequence(producer_id, producer_epoch)
+                    if base_sequence == FENCED:
+                        raise self._fenced(producer_id, producer_epoch)
+                else:
+                    seq = self._sequence_for(spec, producer_id, producer_epoch, base_sequence, txn)
+                    if seq < 0:              # a retry: its original offsets
+                        return -seq - 1
+                    base_sequence = seq
             added = False
             if txn is not None:
                 txn.check_open("send")
@@ -447,16 +452,15 @@ class Partition:
                 cb(self)
         return base
 
+    def _fenced(self, producer_id: int, epoch: int) -> ProducerFencedError:
+        return ProducerFencedError(producer_id, epoch, f"epoch {self.producers.epoch_of(producer_id)} "
+                                   f"of the producer id wrote to {self.topic}/{self.index}")
+
     def _sequence_for(self, spec: BatchSpec, producer_id: int, epoch: int, seq: int, txn) -> int:
-        """The sequence to append a batch of ``producer_id`` at, or -1 -
-        base offset of the cached batch it retries (partition lock held)."""
+        """For an explicit sequence ``seq``: ``seq`` when the batch is to be
+        appended, or -1 - base offset of the cached batch it retries
+        (partition lock held)."""
         table = self.producers
-        if seq < 0:
-            seq = table.next_sequence(producer_id, epoch)
-            if seq == FENCED:
-                raise ProducerFencedError(producer_id, epoch, f"epoch {table.epoch_of(producer_id)} "
-                                          f"of the producer id wrote to {self.topic}/{self.index}")
-            return seq
         r = table.check(producer_id, epoch, seq, spec.count)
         if r >= 0:
             if txn is not None:
@@ -470,8 +474,7 @@ class Partition:
                                              table.next_sequence(producer_id, epoch))
             return -r - 1
         if r == FENCED:
-            raise ProducerFencedError(producer_id, epoch, f"epoch {table.epoch_of(producer_id)} "
-                                      f"of the producer id wrote to {self.topic}/{self.index}")
+            raise self._fenced(producer_id, epoch)
         if r == OUT_OF_ORDER or r == DUPLICATE:
             expected = table.next_sequence(producer_id, epoch)
             cls = DuplicateSequenceError if r == DUPLICATE else OutOfOrderSequenceError
