@@ -997,6 +997,7 @@ class Partition:
             "bytes": sum(s.size for s in segs),
             "segments": len(segs),
             "truncated_on_open": [str(d) for d in self.dropped],
+            "producer_ids": len(self.producers),
         } | self.txn_stats()
 
     def txn_stats(self) -> dict:
