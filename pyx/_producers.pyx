@@ -237,6 +237,15 @@ cdef class ProducerStates:
         cdef PState *st = self.find(pid)
         return -1 if st == NULL else st.epoch
 
+    def max_producer_id(self):
+        """The highest producer id in the table, or -1."""
+        cdef Py_ssize_t i
+        cdef int64_t top = -1
+        for i in range(self.cap):
+            if self.slots[i].pid > top:
+                top = self.slots[i].pid
+        return top
+
     def expire(self, int64_t before_ms):
         """Drop every producer whose last batch was published before
         ``before_ms``; return how many were dropped."""

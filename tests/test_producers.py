@@ -107,7 +107,15 @@ def test_bad_sequence_arguments(broker):
             p.send(b"x", sequence=bad)
     with pytest.raises(InvalidArgumentError):
         p.send_batch([b"a", b"b"], keys=[b"k1", b"k2"], sequence=0)      # spread over partitions
+    # Round-robin would take a resend to the other partition, where its
+    # sequence is new: a sequence needs a fixed partition.
+    with pytest.raises(InvalidArgumentError):
+        p.send(b"x", sequence=0)
+    with pytest.raises(InvalidArgumentError):
+        p.send_batch([b"x"], sequence=0)
     assert broker.high_watermark("t", 0) == broker.high_watermark("t", 1) == 0
+    keyed = p.send(b"x", key=b"k", sequence=0)
+    assert p.send(b"x", key=b"k", sequence=0) == keyed
 
 
 def test_epochs_of_a_producer_id_at_the_partition(tmp_path):
@@ -487,3 +495,57 @@ def test_a_sequence_spent_in_another_transaction_is_not_a_retry(broker):
     p.send(b"a", partition=0, sequence=1, txn=t2)
     t2.commit()
     assert log_values(broker, "t") == [b"a", b"a"] and broker.aborted_transactions("t", 0, 0)[0][1:] == (0, 1)
+
+
+def test_a_producer_in_an_open_transaction_never_expires(tmp_path):
+    now = [1_000_000]
+    part = Partition(tmp_path / "p", "t", 0, fsync="never", clock=lambda: now[0],
+                     producer_expiration_ms=1_000)
+    from txmq.txn import TxnID
+
+    class Meta:
+        words = TxnID(0, 1).words
+
+        def check_open(self, doing):
+            pass
+
+    first = part.append(BatchSpec([b"v"]), txn=Meta(), producer_id=9, base_sequence=0)
+    now[0] += 60_000                               # long idle, the transaction still open
+    assert part.expire_producers() == 0
+    part.flush()
+    assert part.append(BatchSpec([b"v"]), txn=Meta(), producer_id=9, base_sequence=0) == first
+    part.end_txn(TxnID(0, 1), True)
+    now[0] += 1
+    assert part.expire_producers() == 1 and 9 not in part.producers
+    part.close()
+
+
+def test_a_retry_under_fsync_always_is_durable_before_it_returns(tmp_path, monkeypatch):
+    with txmq.Broker(tmp_path / "d", fsync="always") as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        part = b._topic("t").partitions[0]
+        first = p.send(b"a", partition=0, sequence=0)
+        synced = []
+        orig = part.sync_to
+        monkeypatch.setattr(part, "sync_to", lambda offset: (synced.append(offset), orig(offset)))
+        assert p.send(b"a", partition=0, sequence=0) == first
+        assert synced == [1]
+
+
+def test_the_timer_snapshot_syncs_the_txnindex_first(tmp_path, monkeypatch):
+    """A transaction-buffer snapshot vouches for the .txnindex entries below
+    its offset (they are not rebuilt on open): they are fsynced first."""
+    with txmq.Broker(tmp_path / "d", fsync="commit") as b:
+        b.create_topic("t")
+        txn = b.new_transaction()
+        b.producer("t").send(b"x", partition=0, txn=txn)
+        txn.abort()
+        part = b._topic("t").partitions[0]
+        synced = []
+        real_fsync = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                     real_fsync(fd)))
+        assert part.snapshot_txn_buffer()
+        assert any(p.endswith(".txnindex") for p in synced)
+        assert b.stats()["producers"]["registry_problems_on_open"] == []

@@ -296,3 +296,100 @@ def test_close_aborts_the_open_transaction(broker):
     a.close()
     assert tb.state is TxnState.OPEN
     tb.commit()
+
+
+# -- review regressions ------------------------------------------------------------------
+
+
+def test_reopen_waits_for_a_commit_being_applied(broker, monkeypatch):
+    """The previous instance's commit is decided and half applied when the
+    id is opened again: the new instance is returned only once that commit
+    is applied everywhere, so it starts from the committed positions."""
+    from txmq import coordinator
+
+    gate, at_half = threading.Event(), threading.Event()
+    orig = coordinator.crashpoints.reached
+
+    def reached(name):
+        if name == "txn.markers_half" and threading.current_thread().name == "old":
+            at_half.set()
+            gate.wait(10)
+        orig(name)
+
+    monkeypatch.setattr(coordinator.crashpoints, "reached", reached)
+    src = broker.producer("in")
+    for i in range(3):
+        src.send(b"m%d" % i, partition=0)
+    c = broker.subscribe("in", "g", initial_position="earliest")
+    old = broker.transactional_producer("etl")
+    txn = old.begin()
+
+    def run():
+        for part in (0, 1):
+            old.producer("out").send(b"out", partition=part, txn=txn)
+        old.send_offsets_to_transaction(txn, c, {0: 3})
+        txn.commit()
+
+    th = threading.Thread(target=run, name="old")
+    th.start()
+    assert at_half.wait(10)
+    opened = []
+    opener = threading.Thread(target=lambda: opened.append(broker.transactional_producer("etl")))
+    opener.start()
+    opener.join(0.3)
+    assert not opened and txn.state is TxnState.COMMITTING     # still waiting
+    gate.set()
+    th.join(10)
+    opener.join(10)
+    new = opened[0]
+    assert txn.state is TxnState.COMMITTED and new.epoch == old.epoch + 1
+    assert broker._subscription("in", "g").mark_delete(0) == 3
+    assert [broker.last_stable_offset("out", p) for p in (0, 1)] == [2, 2]
+
+
+def test_reopen_gives_up_on_a_commit_that_cannot_finish(broker, monkeypatch):
+    import txmq.transactional
+
+    monkeypatch.setattr(txmq.transactional, "FENCE_WAIT", 0.2)
+    old = broker.transactional_producer("etl")
+    txn = old.begin()
+    old.producer("out").send(b"x", partition=0, txn=txn)
+    txn._meta.state = TxnState.COMMITTING          # a fan-out the scheduler keeps retrying
+    with pytest.raises(txmq.errors.ConcurrentTransactionsError):
+        broker.transactional_producer("etl")
+    assert old.fenced
+    txn._meta.state = TxnState.OPEN
+    txn._coordinator.end(txn._meta, False)
+    new = broker.transactional_producer("etl")
+    assert new.epoch == old.epoch + 1
+
+
+def test_names_and_offsets_are_checked(broker):
+    for bad in ("x" * 70_000, "\ud800"):
+        with pytest.raises(InvalidArgumentError):
+            broker.transactional_producer(bad)
+        with pytest.raises(InvalidArgumentError):
+            broker.producer("out", name=bad)
+    tp = broker.transactional_producer("etl")
+    c = broker.subscribe("in", "g", initial_position="earliest")
+    txn = tp.begin()
+    with pytest.raises(InvalidArgumentError):
+        tp.send_offsets_to_transaction(txn, c, {0: 1, "x": 2})
+    txn.abort()
+
+
+def test_a_damaged_registry_never_reuses_a_producer_id(tmp_path):
+    path = tmp_path / "data"
+    with txmq.Broker(path, fsync="never") as b:
+        b.create_topic("t")
+        ids = [b.producer("t").producer_id for _ in range(3)]
+        b.producer("t").send(b"x", partition=0)
+        tp = b.transactional_producer("etl")
+        ids += [tp.producer_id]
+    raw = bytearray((path / "producers.log").read_bytes())
+    raw[-3] ^= 0xFF                                # the last frame fails its CRC: cut
+    (path / "producers.log").write_bytes(bytes(raw))
+    with txmq.Broker(path, fsync="never") as b:
+        fresh = [b.producer("t").producer_id for _ in range(5)]
+        assert not set(fresh) & set(ids)
+        b.producer("t").send(b"y", partition=0)

@@ -138,6 +138,10 @@ class Broker:
                 self._recover()
                 self._recover_transactions()
                 self._producer_ids = ProducerRegistry(os.path.join(self.path, "producers.log"), fsync)
+                # A damaged registry must not hand out an id still in use.
+                in_use = [pid for tc in self._coordinators for pid, _ in tc.tids.values()]
+                in_use += [p.producers.max_producer_id() for t in self._topics.values() for p in t.partitions]
+                self._producer_ids.reserve_above(max(in_use, default=-1))
             finally:
                 if gc_was_on:
                     gc.enable()
@@ -312,8 +316,7 @@ class Broker:
         t = self._topic(topic)
         if name is None:
             return Producer(self, t, self._producer_ids.allocate())
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError("name", name, "a non-empty str")
+        _name_bytes("name", name)
         p = Producer(self, t, self._producer_ids.id_of(name), name=name)
         with self._tid_lock:
             old = self._named_live.get((topic, name))
@@ -333,17 +336,19 @@ class Broker:
         ``transactional.id``): a stable name mapped to (producer id, epoch)
         in its coordinator's log. Opening it bumps the epoch durably, aborts
         the open transaction of the previous instance and fences that
-        instance; ``timeout`` is the default of its transactions."""
+        instance; ``timeout`` is the default of its transactions. A commit
+        or abort of the previous instance already decided is waited for;
+        :class:`~txmq.errors.ConcurrentTransactionsError` if it takes more
+        than 10 s (retry)."""
         self._check_open()
-        if not isinstance(transactional_id, str) or not transactional_id or \
-                len(transactional_id.encode()) > 0xFFFF:
-            raise InvalidArgumentError("transactional_id", transactional_id, "a non-empty str")
+        raw = _name_bytes("transactional_id", transactional_id)
         self._check_timeout(timeout)
-        tc = self._coordinators[crc32c_of(transactional_id.encode()) % self.num_coordinators]
+        tc = self._coordinators[crc32c_of(raw) % self.num_coordinators]
         with self._tid_lock:
-            old = self._tid_live.pop(transactional_id, None)
+            old = self._tid_live.get(transactional_id)
             if old is not None:
-                old._fence()
+                old._fence()       # may raise ConcurrentTransactionsError: the old one stays listed
+                del self._tid_live[transactional_id]
             current = max((c.tids[transactional_id] for c in self._coordinators if transactional_id in c.tids),
                           default=None)
             if current is None or current[1] >= EPOCH_MAX:
@@ -627,6 +632,10 @@ class Broker:
                 "recovered": dict(self.recovered_transactions),
                 "coordinator_problems_on_open": [p for tc in self._coordinators for p in tc.problems],
             },
+            "producers": {
+                "registry_problems_on_open": list(self._producer_ids.problems),
+                "transactional_ids_open": len(self._tid_live),
+            },
         }
 
     def close(self) -> None:
@@ -660,6 +669,18 @@ class Broker:
 
     def __repr__(self) -> str:
         return f"Broker({self.path!r}, fsync={self.fsync!r})"
+
+
+def _name_bytes(what: str, name) -> bytes:
+    """The UTF-8 bytes of a producer name or transactional id (stored as a
+    u16-length string)."""
+    try:
+        raw = name.encode("utf-8") if isinstance(name, str) else None
+    except UnicodeEncodeError:
+        raw = None
+    if not raw or len(raw) > 0xFFFF:
+        raise InvalidArgumentError(what, name, "a non-empty str of at most 65535 UTF-8 bytes")
+    return raw
 
 
 def _txn_info(meta) -> dict:

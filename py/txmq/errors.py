@@ -219,6 +219,18 @@ class InvalidTxnTimeoutError(TransactionError, ValueError):
                                  f"(0, {maximum:g}] (transaction_timeout_max)")
 
 
+class ConcurrentTransactionsError(TransactionError):
+    """A transactional id was opened again while its previous instance's
+    transaction ``txn_id`` was still completing (its commit or abort
+    being applied) for longer than the broker waits; retry the opening
+    (Kafka's CONCURRENT_TRANSACTIONS)."""
+
+    def __init__(self, txn_id, transactional_id: str):
+        self.transactional_id = transactional_id
+        super().__init__(txn_id, f"transaction {txn_id} of {transactional_id!r} is still completing; "
+                                 "open the transactional id again later")
+
+
 class ProducerFencedError(TxmqError):
     """A newer instance of the same named producer or transactional id was
     opened (or a newer epoch of the producer id wrote to the partition): this
@@ -241,8 +253,8 @@ class OutOfOrderSequenceError(TxmqError, ValueError):
     was appended.
 
     ``topic``, ``partition``, ``producer_id``, ``sequence`` (the batch's) and
-    ``expected`` (the next one the partition takes, -1 when it is a new
-    epoch's 0)."""
+    ``expected`` (the next sequence the partition takes from this producer
+    id and epoch: 0 for a new epoch)."""
 
     def __init__(self, topic: str, partition: int, producer_id: int, sequence: int, expected: int,
                  what: str = "out of order"):

@@ -409,7 +409,7 @@ class Partition:
         """
         if spec.max_message_bytes > self.max_message_bytes or spec.encoded_size() > self.segment_bytes_max:
             self._too_large(spec)
-        txn_hi = txn_lo = 0
+        retried = -1
         with self.lock:
             if not self._segments:
                 raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
@@ -422,32 +422,38 @@ class Partition:
                         raise self._fenced(producer_id, producer_epoch)
                 else:
                     seq = self._sequence_for(spec, producer_id, producer_epoch, base_sequence, txn)
-                    if seq < 0:              # a retry: its original offsets
-                        return -seq - 1
+                    if seq < 0:              # a retry: answered with its original offsets
+                        retried = -seq - 1
                     base_sequence = seq
-            added = False
-            if txn is not None:
-                txn.check_open("send")
-                txn_hi, txn_lo = txn.words
-                flags |= TRANSACTIONAL
-                self.txn_seen = True
-                # Entered before its bytes are readable: see the module docstring.
-                added = self.ongoing.add(txn_hi, txn_lo, self.end_offset, self.clock())
-            try:
-                base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
-                                           base_sequence)
-            except BaseException:
-                if added:
-                    self.ongoing.remove(txn_hi, txn_lo)
-                raise
-            if producer_id >= 0:
-                self.producers.record(producer_id, producer_epoch, base_sequence, spec.count, base,
-                                      self.last_publish_time)
-            self._maybe_checkpoint()
-            end = self.end_offset
+            if retried >= 0:
+                base, end = retried, retried + spec.count
+            else:                            # inline, not a method: the hot path of every send
+                txn_hi = txn_lo = 0
+                added = False
+                if txn is not None:
+                    txn.check_open("send")
+                    txn_hi, txn_lo = txn.words
+                    flags |= TRANSACTIONAL
+                    self.txn_seen = True
+                    # Entered before its bytes are readable: see the module docstring.
+                    added = self.ongoing.add(txn_hi, txn_lo, self.end_offset, self.clock())
+                try:
+                    base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                               base_sequence)
+                except BaseException:
+                    if added:
+                        self.ongoing.remove(txn_hi, txn_lo)
+                    raise
+                if producer_id >= 0:
+                    self.producers.record(producer_id, producer_epoch, base_sequence, spec.count, base,
+                                          self.last_publish_time)
+                self._maybe_checkpoint()
+                end = self.end_offset
+        # A retry's answer waits for the sync too: the first send of that
+        # batch may still be making it durable on another thread.
         if txn is None and (self._sync_always if sync is None else sync):
             self.sync_to(end)
-        if self._listeners:
+        if self._listeners and retried < 0:
             for cb in self._listeners:
                 cb(self)
         return base
@@ -697,6 +703,7 @@ class Partition:
         with self.lock:
             if not self._segments or (if_changed and not self._ended_since_snapshot):
                 return False
+            self._sync_txnindex()          # the snapshot's offset vouches for the entries below it
             body = self._txn_snapshot_body()
         self._write_snapshot("txnbuffer.snap", body)
         return True
@@ -713,9 +720,20 @@ class Partition:
         ``producer_expiration_ms``; return how many (the broker's timer
         calls it; snapshots do it too)."""
         with self.lock:
-            if not len(self.producers):
-                return 0
-            return self.producers.expire(self.clock() - self.producer_expiration_ms)
+            return self._expire_producers()
+
+    def _expire_producers(self) -> int:
+        """(partition lock held) A producer that wrote while a transaction
+        still open here began is kept whatever its age: a retry inside
+        that transaction must still find its batches (Kafka never expires a
+        producer with an ongoing transaction)."""
+        if not len(self.producers):
+            return 0
+        before = self.clock() - self.producer_expiration_ms
+        oldest = self.ongoing.oldest()
+        if oldest is not None:
+            before = min(before, oldest[3])
+        return self.producers.expire(before)
 
     def _write_snapshots(self) -> None:
         """Both snapshots as of the log end, and the .txnindex entries so
@@ -723,8 +741,7 @@ class Partition:
         lock held)."""
         self._sync_txnindex()
         self._write_snapshot("txnbuffer.snap", self._txn_snapshot_body())
-        if len(self.producers):
-            self.producers.expire(self.clock() - self.producer_expiration_ms)
+        self._expire_producers()
         self._write_snapshot("producers.snap", _sealed(
             PRODUCERS_HEAD.pack(PRODUCERS_MAGIC, PRODUCERS_VERSION, self.end_offset)
             + self.producers.to_bytes()))

@@ -114,7 +114,9 @@ class Producer:
         target partition instead of the next one: resending a sequence that
         is among the partition's last 5 batches of this producer returns the
         original MessageId and appends nothing (retries after a timeout or a
-        crash); a gap raises :class:`~txmq.errors.OutOfOrderSequenceError`,
+        crash). Sequences are per partition, so on a topic of several
+        partitions ``sequence`` needs ``partition=`` or ``key=`` (a resend
+        must reach the same partition). A gap raises :class:`~txmq.errors.OutOfOrderSequenceError`,
         an older sequence :class:`~txmq.errors.DuplicateSequenceError`. A
         fenced instance raises :class:`~txmq.errors.ProducerFencedError`.
         """
@@ -131,6 +133,8 @@ class Producer:
         spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
                          None if event_time is None else [event_time])
         parts = self._topic.partitions
+        if sequence >= 0 and partition is None and key is None and len(parts) > 1:
+            raise _unrouted(sequence)
         if partition is not None or (key is not None and len(parts) > 1):
             p = self._partition(key, partition)
         else:
@@ -153,8 +157,8 @@ class Producer:
 
         ``sequence`` is the batch's base sequence (the messages take
         ``sequence`` .. ``sequence + n - 1``), with the rules of
-        :meth:`send`; it needs the batch to go to one partition (no keys,
-        or ``partition=``).
+        :meth:`send`; on a topic of several partitions it needs
+        ``partition=``.
         """
         self._check_open()
         if sequence is None:
@@ -169,6 +173,8 @@ class Producer:
         n = len(values)
         if not n:
             raise InvalidMessageError("values (a batch needs at least one message)", values)
+        if sequence >= 0 and partition is None and len(parts) > 1:
+            raise _unrouted(sequence)
         if partition is not None or keys is None or len(parts) == 1:
             p = self._partition(None, partition)
             spec = BatchSpec(values, keys, headers, event_times)
@@ -177,9 +183,6 @@ class Producer:
                               np.arange(base, base + n, dtype=np.int64))
         if len(keys) != n:
             raise InvalidMessageError(f"keys (expected {n} entries)", len(keys))
-        if sequence >= 0:
-            raise InvalidArgumentError("sequence", sequence, "a batch bound for one partition "
-                                                             "(pass partition= with keys)")
         if isinstance(keys, list):
             targets = partitions_for_list(keys, len(parts))
         else:
@@ -214,6 +217,12 @@ class Producer:
 
 SEQUENCE_LIMIT = 1 << 31
 _new_id = tuple.__new__   # MessageId without its Python-level __new__: the send hot path
+
+
+def _unrouted(sequence: int) -> InvalidArgumentError:
+    return InvalidArgumentError("sequence", sequence, "a send with partition= (or, for send(), key=): "
+                                "sequences are per partition, and round-robin would send a resend "
+                                "to another one")
 
 
 def _key_bytes(key) -> bytes:

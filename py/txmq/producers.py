@@ -101,6 +101,19 @@ class ProducerRegistry:
                 self._maybe_compact()
             return pid
 
+    def reserve_above(self, producer_id: int) -> None:
+        """Never hand out ``producer_id`` or any id below it: ids found in
+        use elsewhere (partitions, coordinator logs) when this log lost
+        frames to damage."""
+        with self.lock:
+            if producer_id >= self.next_id:
+                self.problems.append(f"producer id {producer_id} is in use beyond the counter "
+                                     f"({self.next_id}); skipping past it")
+                self.next_id = producer_id + 1
+                self.reserved = max(self.reserved, self.next_id)
+                self.log.append(PR_BLOCK, _I64.pack(self.reserved))
+                self.log.sync()
+
     def _maybe_compact(self) -> None:
         if self.log.frames_since_snapshot >= COMPACT_FRAMES + len(self.names):
             parts = [_I64.pack(self.reserved), struct.pack("<I", len(self.names))]

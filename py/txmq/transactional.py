@@ -10,12 +10,17 @@ instance raises :class:`~txmq.errors.ProducerFencedError`.
 from __future__ import annotations
 
 import threading
+import time
 
-from txmq.errors import (InvalidArgumentError, InvalidTxnStateError, PartitionNotFoundError,
-                         ProducerFencedError, TransactionError)
+from txmq.errors import (ConcurrentTransactionsError, InvalidArgumentError, InvalidTxnStateError,
+                         PartitionNotFoundError, ProducerFencedError, TransactionError)
 from txmq.message import MessageId
 from txmq.producer import Producer
 from txmq.txn import TxnState
+
+# How long opening a transactional id waits for the previous instance's
+# transaction to finish a commit or abort already decided.
+FENCE_WAIT = 10.0
 
 
 class TransactionalProducer:
@@ -97,25 +102,37 @@ class TransactionalProducer:
         sub = _subscription_of(self._broker, subscription)
         if not isinstance(offsets, dict):
             raise InvalidArgumentError("offsets", offsets, "a dict {partition: offset}")
-        for partition, offset in sorted(offsets.items()):
+        for partition, offset in offsets.items():
             if type(partition) is not int or type(offset) is not int or offset < 0:
                 raise InvalidArgumentError("offsets", {partition: offset},
                                            "int partitions and int offsets >= 0")
+        for partition, offset in sorted(offsets.items()):
             if offset <= sub.mark_delete(_lane_index(sub, partition)):
                 continue
             sub.ack_cumulative_txn(meta, MessageId(sub.topic.name, partition, offset - 1))
 
     def _fence(self) -> None:
-        """A newer instance was opened: refuse everything from now on and
-        abort the open transaction."""
+        """A newer instance is being opened: refuse everything from now on,
+        abort the open transaction, and wait until a commit or abort that
+        was already decided has been applied everywhere (as Kafka's
+        InitProducerId does), so the new instance starts from a settled
+        state. Raises :class:`ConcurrentTransactionsError` when that takes
+        longer than ``FENCE_WAIT`` seconds."""
         with self._lock:
             self.fenced = True
             cur = self._current
-        if cur is not None and cur.state is TxnState.OPEN:
+        if cur is None:
+            return
+        if cur.state is TxnState.OPEN:
             try:
                 cur._coordinator.end(cur._meta, False, reason="fenced")
             except TransactionError:
                 pass               # it ended meanwhile (a commit that came first stands)
+        deadline = time.monotonic() + FENCE_WAIT
+        while cur.state in (TxnState.COMMITTING, TxnState.ABORTING):
+            if time.monotonic() > deadline or self._broker.closed:
+                raise ConcurrentTransactionsError(cur.id, self.transactional_id)
+            time.sleep(0.001)
 
     def close(self) -> None:
         """Abort the open transaction, if any; the producer may not be used
@@ -126,7 +143,10 @@ class TransactionalProducer:
             self.closed = True
             cur = self._current
         if not self.fenced and cur is not None and cur.state is TxnState.OPEN and not self._broker.closed:
-            cur.abort()
+            try:
+                cur.abort()
+            except (ProducerFencedError, TransactionError):
+                pass               # fenced or ended meanwhile: nothing of it is left to end
         self._broker._transactional_closed(self)
 
     def __enter__(self) -> "TransactionalProducer":
