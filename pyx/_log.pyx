@@ -1022,17 +1022,20 @@ cdef class Segment:
         if pos - self.last_indexed_pos < self.index_interval:
             return
         self.last_indexed_pos = pos
+        # Each index grows on its own count: loaded from disk, the time
+        # index may hold more entries than the offset index.
         if self.idx_n == len(self.idx_off):
             self.idx_off = np.resize(self.idx_off, 2 * self.idx_n)
             self.idx_pos = np.resize(self.idx_pos, 2 * self.idx_n)
             self.idx_ok = np.resize(self.idx_ok, 2 * self.idx_n)
-            self.tix_ts = np.resize(self.tix_ts, 2 * self.idx_n)
-            self.tix_off = np.resize(self.tix_off, 2 * self.idx_n)
         self.idx_off[self.idx_n] = base
         self.idx_pos[self.idx_n] = pos
         self.idx_ok[self.idx_n] = 1     # made here from a checked batch
         self.idx_n += 1
         if self.tix_n == 0 or publish_time > self.tix_ts[self.tix_n - 1]:
+            if self.tix_n == len(self.tix_ts):
+                self.tix_ts = np.resize(self.tix_ts, 2 * self.tix_n)
+                self.tix_off = np.resize(self.tix_off, 2 * self.tix_n)
             self.tix_ts[self.tix_n] = publish_time
             self.tix_off[self.tix_n] = base
             self.tix_n += 1

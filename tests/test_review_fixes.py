@@ -227,3 +227,48 @@ def test_ack_timeout_still_covers_a_batch_split_by_a_nack(broker):
             seen.add(m.offset)
             c.ack(m)
     assert seen == {0, 1, 2, 3}
+
+
+def test_time_index_longer_than_offset_index_grows_on_its_own(tmp_path):
+    """A kill between rewriting .index and .timeindex could leave the first
+    short; appends then add entries to both, and each index must grow on
+    its own count (it overflowed at the 64th entry)."""
+    now = [1000]
+
+    def clock():
+        now[0] += 1
+        return now[0]
+
+    part = Partition(tmp_path / "p", "t", 0, fsync="never", index_interval_bytes=64, clock=clock)
+    for i in range(200):
+        part.append(BatchSpec([b"v" * 100]))
+    part.close()
+    (tmp_path / "p" / "00000000000000000000.index").write_bytes(b"")
+    part = Partition(tmp_path / "p", "t", 0, fsync="never", index_interval_bytes=64, clock=clock)
+    for i in range(300):
+        part.append(BatchSpec([b"w" * 100]))
+    assert part.end_offset == 500 and part.find_time(1) == 0
+    part.close()
+
+
+def test_index_rewrite_is_atomic(tmp_path, monkeypatch):
+    """Rewriting an index file goes through a temporary file and a rename:
+    a kill in the middle leaves the old file whole."""
+    import txmq.partition as P
+
+    part = Partition(tmp_path / "p", "t", 0, fsync="never", index_interval_bytes=64)
+    for i in range(50):
+        part.append(BatchSpec([b"v" * 100]))
+    part.flush()
+    before = (tmp_path / "p" / "00000000000000000000.index").read_bytes()
+    assert before
+
+    def killed(path, data, **kw):
+        raise KeyboardInterrupt("killed mid-rewrite")
+
+    monkeypatch.setattr(P, "write_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        part._rewrite_index(part.active)
+    assert (tmp_path / "p" / "00000000000000000000.index").read_bytes() == before
+    monkeypatch.undo()
+    part.close()

@@ -393,3 +393,20 @@ def test_a_damaged_registry_never_reuses_a_producer_id(tmp_path):
         fresh = [b.producer("t").producer_id for _ in range(5)]
         assert not set(fresh) & set(ids)
         b.producer("t").send(b"y", partition=0)
+
+
+def test_redeliveries_after_two_aborts_come_in_offset_order(broker):
+    """Kafka-style positions (send_offsets_to_transaction) rely on an
+    exclusive consumer seeing its messages in order: two aborted
+    transactions in a row hand their messages back in offset order."""
+    p = broker.producer("in")
+    for i in range(10):
+        p.send(b"in-%d" % i, partition=0)
+    c = broker.subscribe("in", "etl", "exclusive", initial_position="earliest")
+    tp = broker.transactional_producer("etl-1")
+    for n in (6, 2):
+        ms = c.receive_many(n, 0.2)
+        t = tp.begin()
+        tp.send_offsets_to_transaction(t, c, {0: ms[-1].message_id.offset + 1})
+        t.abort()
+    assert [m.message_id.offset for m in c.receive_many(10, 0.2)] == list(range(10))

@@ -1085,11 +1085,15 @@ def _load_entries(path: str):
 
 
 def _write_entries(path: str, a, b, truncate: bool = False) -> None:
+    """Append entries to an index file, or (``truncate``) replace it whole,
+    atomically: a kill mid-rewrite must not leave it empty or short."""
     entries = np.empty(len(a), INDEX_ENTRY)
     entries["a"] = a
     entries["b"] = b
-    mode = "wb" if truncate else "ab"
-    with open(path, mode) as f:
+    if truncate:
+        write_atomic(path, entries.tobytes(), fsync=False)   # derived data: rebuilt if lost
+        return
+    with open(path, "ab") as f:
         f.write(entries.tobytes())
 
 

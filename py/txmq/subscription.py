@@ -216,6 +216,13 @@ class Subscription:
 
     def _queue_redelivery(self, lane: _Lane, offset: int, ready: float) -> None:
         lane.redelivery_count[offset] = lane.redelivery_count.get(offset, 0) + 1
+        if ready <= time.monotonic():
+            # Due at once (an abort, an ack timeout, a consumer leaving):
+            # ordered by offset with every other such message, whenever it
+            # was queued, so an exclusive or failover consumer gets them in
+            # order (two aborts in a row must not hand the later one's
+            # first). Only a nack's delay puts a message behind them.
+            ready = 0.0
         heapq.heappush(lane.redeliver, (ready, offset))
 
     # -- receiving -------------------------------------------------------------
@@ -298,7 +305,6 @@ class Subscription:
             lane.deadlines.append((now + self.ack_timeout, list(offsets), 0, 0, cid))
 
     def _take_redeliveries(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
-        cursor = lane.cursor
         while lane.redeliver and lane.redeliver[0][0] <= now and len(out) < n:
             _, off = heapq.heappop(lane.redeliver)
             if lane.settled(off) or off in lane.outstanding or off < lane.partition.start_offset:
