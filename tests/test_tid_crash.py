@@ -466,5 +466,10 @@ def test_transactional_id_consume_process_produce_killed(tmp_path, fsync):
 def test_transactional_id_consume_process_produce_killed_many_times(tmp_path, fsync):
     model = tid_crash(tmp_path, fsync, cycles=80, seed=8200 + FSYNCS.index(fsync), inputs=3000, top_up=1500)
     c = model.counts
-    assert c["fenced"] > 0 and c["recovered_aborted"] > 0 and c["undetermined"] > 0, c
+    assert c["fenced"] > 0 and c["recovered_aborted"] > 0, c
+    if fsync != "never":
+        # A commit cut by the kill (resolved from the log) needs the kill to
+        # land inside a commit: likely when a commit waits for fsyncs, rare
+        # (and not asked for) when it takes microseconds.
+        assert c["undetermined"] > 0, c
     assert c["aborted_txns_listed"] > 0, c
