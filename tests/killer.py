@@ -1,5 +1,5 @@
-"""Start a worker process and SIGKILL it at a random moment (shared by the
-crash tests)."""
+"""Start a worker process and SIGKILL it at a random moment, and read what
+it wrote (shared by the crash tests)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,19 @@ def start_and_kill(argv, env, out_path, rng, *, p_after_ready: float, after_read
         err = proc.stderr.read().decode()
         proc.stderr.close()
     return proc.returncode, err, exited
+
+
+def read_lines(path) -> list:
+    """The lines a worker wrote whole (a line without its newline was cut
+    by the kill)."""
+    return path.read_bytes().decode().split("\n")[:-1]
+
+
+def drain(consumer, batch: int = 5000) -> list:
+    """Every message the consumer can receive right now."""
+    out = []
+    while True:
+        ms = consumer.receive_many(batch, timeout=0)
+        if not ms:
+            return out
+        out.extend(ms)

@@ -57,12 +57,12 @@ when the broker answers wrongly.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import threading
 import time
 import traceback
+from worker_io import Out, fail
 
 TOPIC = "events"
 PARTITIONS = 2
@@ -134,25 +134,6 @@ def parse(v: bytes) -> tuple:
 
 class Failure(Exception):
     pass
-
-
-class Out:
-    def __init__(self):
-        self.fd = sys.stdout.fileno()
-        self.lock = threading.Lock()
-
-    def line(self, text: str) -> None:
-        data = (text + "\n").encode()
-        with self.lock:          # one write per line, so a kill cuts at most its tail
-            while data:
-                n = os.write(self.fd, data)
-                data = data[n:]
-
-
-def fail(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
-    os._exit(3)
 
 
 class Stream:

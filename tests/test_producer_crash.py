@@ -48,7 +48,7 @@ import txmq
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import producer_crash_worker as W  # noqa: E402
-from killer import SETTLE_TIMEOUT, start_and_kill  # noqa: E402
+from killer import SETTLE_TIMEOUT, read_lines, start_and_kill  # noqa: E402
 
 WORKER = os.path.join(HERE, "producer_crash_worker.py")
 FSYNCS = ("never", "commit", "always")
@@ -58,10 +58,6 @@ PARTITION_OF = {s: part for s, (_, part) in W.STREAMS.items()}
 def worker_env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-
-
-def read_lines(path) -> list:
-    return path.read_bytes().decode().split("\n")[:-1]   # a line without its newline was cut by the kill
 
 
 class Model:

@@ -59,7 +59,7 @@ from txmq._log import FLAG
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tid_crash_worker as W  # noqa: E402
-from killer import SETTLE_TIMEOUT, start_and_kill  # noqa: E402
+from killer import SETTLE_TIMEOUT, drain, read_lines, start_and_kill  # noqa: E402
 
 WORKER = os.path.join(HERE, "tid_crash_worker.py")
 FSYNCS = ("never", "commit", "always")
@@ -70,19 +70,6 @@ FINAL_TIMEOUT = 4 * SETTLE_TIMEOUT
 def worker_env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-
-
-def read_lines(path) -> list:
-    return path.read_bytes().decode().split("\n")[:-1]   # a line without its newline was cut by the kill
-
-
-def drain(consumer) -> list:
-    out = []
-    while True:
-        ms = consumer.receive_many(10_000, timeout=0)
-        if not ms:
-            return out
-        out.extend(ms)
 
 
 class Step:

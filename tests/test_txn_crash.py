@@ -53,7 +53,7 @@ import txmq
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import txn_crash_worker as W  # noqa: E402
-from killer import start_and_kill  # noqa: E402
+from killer import drain, read_lines, start_and_kill  # noqa: E402
 
 WORKER = os.path.join(HERE, "txn_crash_worker.py")
 SETTLE_TIMEOUT = 60.0
@@ -66,20 +66,6 @@ def worker_env(crash_at: str | None = None) -> dict:
     if crash_at:
         env["TXMQ_CRASH_AT"] = crash_at
     return env
-
-
-def read_lines(path) -> list:
-    text = path.read_bytes().decode()
-    return text.split("\n")[:-1]      # a line without its newline was cut by the kill
-
-
-def drain(consumer) -> list:
-    out = []
-    while True:
-        ms = consumer.receive_many(5000, timeout=0)
-        if not ms:
-            return out
-        out.extend(ms)
 
 
 def view(broker, topic: str, isolation: str) -> dict:

@@ -47,13 +47,13 @@ before it:
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import threading
 import time
 import traceback
 import zlib
+from worker_io import Out, fail
 
 IN_TOPIC = "in"
 OUT_TOPIC = "out"
@@ -88,27 +88,6 @@ def parse_items(text: str) -> list:
         p, off = loc.split(":")
         out.append((int(p), int(off), value))
     return out
-
-
-class Out:
-    """One ``write`` per line, under a lock (threads share stdout)."""
-
-    def __init__(self):
-        self.fd = sys.stdout.fileno()
-        self.lock = threading.Lock()
-
-    def line(self, text: str) -> None:
-        data = (text + "\n").encode()
-        with self.lock:
-            while data:
-                n = os.write(self.fd, data)
-                data = data[n:]
-
-
-def fail(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
-    os._exit(3)
 
 
 class Fenced(Exception):

@@ -69,6 +69,7 @@ import sys
 import threading
 import time
 import traceback
+from worker_io import Out
 
 # -- consume-process-produce ---------------------------------------------------
 
@@ -91,21 +92,6 @@ M_SUBS = {   # name -> (topic, type, isolation)
 SHORT_TIMEOUT = 0.2
 M_SEGMENT_BYTES = 32 * 1024      # segments roll every few dozen transactions
 KINDS = (("commit", 0.55), ("abort", 0.2), ("timeout", 0.15), ("forced", 0.1))
-
-
-class Out:
-    """One ``write`` per event, under a lock (threads share stdout)."""
-
-    def __init__(self):
-        self.fd = sys.stdout.fileno()
-        self.lock = threading.Lock()
-
-    def line(self, text: str) -> None:
-        data = (text + "\n").encode()
-        with self.lock:
-            while data:
-                n = os.write(self.fd, data)
-                data = data[n:]
 
 
 def die() -> None:
