@@ -272,3 +272,7 @@ def test_index_rewrite_is_atomic(tmp_path, monkeypatch):
     assert (tmp_path / "p" / "00000000000000000000.index").read_bytes() == before
     monkeypatch.undo()
     part.close()
+    # What a kill mid-rewrite leaves behind is removed on open.
+    (tmp_path / "p" / "00000000000000000000.index.tmp").write_bytes(b"\0" * 7)
+    Partition(tmp_path / "p", "t", 0, fsync="never").close()
+    assert not any(n.endswith(".tmp") for n in os.listdir(tmp_path / "p"))

@@ -782,7 +782,8 @@ class Partition:
         """Load the transaction-buffer and producer snapshots and replay the
         batch headers after them; load the .txnindex files."""
         for name in os.listdir(self.path):
-            if name.endswith(".tmp") and name.startswith(("txnbuffer.snap.", "producers.snap.")):
+            if name.endswith(".tmp") and (name.startswith(("txnbuffer.snap.", "producers.snap."))
+                                          or name.endswith((".index.tmp", ".timeindex.tmp", ".txnindex.tmp"))):
                 _unlink(os.path.join(self.path, name))      # a write a crash cut short
         had_snapshots = all(os.path.exists(os.path.join(self.path, n))
                             for n in ("txnbuffer.snap", "producers.snap"))
