@@ -32,6 +32,8 @@ from _bytes cimport load_i16, load_u16, load_u32, load_i64, load_u64, store_u32,
 TC_BEGIN, TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION = 2, 3, 4
 TC_COMMITTING, TC_ABORTING, TC_COMMITTED, TC_ABORTED = 5, 6, 7, 8
 TC_PRODUCER = 9          # a transactional id's (producer id, epoch)
+# Frame types of the producer registry (producers.log).
+PR_BLOCK, PR_NAME = 2, 3
 # Frame types of a pending-ack log.
 PA_ACK, PA_CUMULATIVE, PA_COMMIT, PA_ABORT = 2, 3, 4, 5
 
@@ -735,6 +737,45 @@ def encode_producer(str tid, int64_t pid, int epoch):
 
 cdef bytes pack_i16(int v):
     return bytes([v & 0xFF, (v >> 8) & 0xFF])
+
+
+def replay_registry(frames):
+    """State of a producer registry from its frames (the last SNAPSHOT on):
+    ``(reserved, names)``, the id below which every id may have been handed
+    out and ``{name: producer id}``. Raises ValueError on a frame that
+    passed its CRC but does not parse."""
+    cdef int64_t reserved = 0, pid
+    cdef dict names = {}
+    cdef uint32_t k
+    cdef _Reader r = _Reader()
+    cdef int kind
+    for kind, payload in frames:
+        r.reset(payload)
+        if kind == 1:
+            reserved = r.i64()
+            names = {}
+            for k in range(r.u32()):
+                name = r.text()
+                names[name] = r.i64()
+        elif kind == PR_BLOCK:
+            reserved = max(reserved, r.i64())
+        elif kind == PR_NAME:
+            name = r.text()
+            pid = r.i64()
+            names[name] = pid
+            reserved = max(reserved, pid + 1)
+        else:
+            raise ValueError(f"unknown producer registry frame type {kind}")
+        r.end()
+    return reserved, names
+
+
+def encode_registry_snapshot(int64_t reserved, names):
+    """SNAPSHOT payload of a producer registry."""
+    out = [_pack_i64(reserved), _pack_u32(len(names))]
+    for name, pid in names.items():
+        out.append(encode_text(name) + _pack_i64(pid))
+    return b"".join(out)
 
 
 def encode_text(str s):

@@ -21,10 +21,9 @@ import struct
 import threading
 
 from txmq._redolog import RedoLog
-from txmq._txn import encode_text
+from txmq._txn import PR_BLOCK, PR_NAME, encode_registry_snapshot, encode_text, replay_registry
 from txmq.errors import CorruptLogError
 
-PR_BLOCK, PR_NAME = 2, 3
 ID_BLOCK = 1024
 COMPACT_FRAMES = 4096
 _I64 = struct.Struct("<q")
@@ -37,41 +36,16 @@ class ProducerRegistry:
     def __init__(self, path: str, fsync: str):
         self.log = RedoLog(path, fsync)
         self.lock = threading.Lock()
-        self.names: dict[str, int] = {}
-        self.reserved = 0            # ids below this may have been handed out
         self.problems: list[str] = []
         try:
-            for kind, payload in self.log.replay():
-                self._replay(kind, payload)
-        except (ValueError, struct.error, UnicodeDecodeError) as e:
+            # reserved: ids below it may have been handed out
+            self.reserved, self.names = replay_registry(self.log.replay())
+        except ValueError as e:
             raise CorruptLogError(path, 0, f"producer registry frame: {e}") from None
         if self.log.dropped is not None:
             pos, reason, n = self.log.dropped
             self.problems.append(f"{path} at byte {pos}: {reason}; {n} bytes cut")
         self.next_id = self.reserved       # the last block may be partly used: skip it
-
-    def _replay(self, kind: int, payload: bytes) -> None:
-        if kind == 1:
-            self.reserved = _I64.unpack_from(payload)[0]
-            n = struct.unpack_from("<I", payload, 8)[0]
-            pos = 12
-            self.names = {}
-            for _ in range(n):
-                name, pos = _text(payload, pos)
-                self.names[name] = _I64.unpack_from(payload, pos)[0]
-                pos += 8
-            _end(payload, pos)
-        elif kind == PR_BLOCK:
-            _end(payload, 8)
-            self.reserved = max(self.reserved, _I64.unpack_from(payload)[0])
-        elif kind == PR_NAME:
-            name, pos = _text(payload, 0)
-            pid = _I64.unpack_from(payload, pos)[0]
-            _end(payload, pos + 8)
-            self.names[name] = pid
-            self.reserved = max(self.reserved, pid + 1)
-        else:
-            raise ValueError(f"unknown frame type {kind}")
 
     def allocate(self) -> int:
         """A producer id never handed out before."""
@@ -116,22 +90,8 @@ class ProducerRegistry:
 
     def _maybe_compact(self) -> None:
         if self.log.frames_since_snapshot >= COMPACT_FRAMES + len(self.names):
-            parts = [_I64.pack(self.reserved), struct.pack("<I", len(self.names))]
-            for name, pid in self.names.items():
-                parts.append(encode_text(name) + _I64.pack(pid))
-            self.log.compact(b"".join(parts))
+            self.log.compact(encode_registry_snapshot(self.reserved, self.names))
 
     def close(self) -> None:
         self.log.close()
 
-
-def _text(payload: bytes, pos: int):
-    n = struct.unpack_from("<H", payload, pos)[0]
-    if pos + 2 + n > len(payload):
-        raise ValueError("name runs past the frame")
-    return payload[pos + 2:pos + 2 + n].decode("utf-8"), pos + 2 + n
-
-
-def _end(payload: bytes, pos: int) -> None:
-    if pos != len(payload):
-        raise ValueError(f"{len(payload) - pos} stray bytes after the frame payload")

@@ -113,3 +113,22 @@ def test_from_bytes_rejects_bad_tables():
     with pytest.raises(ValueError):
         ProducerStates.from_bytes(twice)
     assert 5 in t and -1 not in t and 6 not in t
+
+
+def test_registry_frames_replay_and_snapshot():
+    import struct
+
+    from txmq import _txn as T
+
+    i64 = struct.Struct("<q").pack
+    frames = [(T.PR_BLOCK, i64(1024)), (T.PR_NAME, T.encode_text("svc-a") + i64(3)),
+              (T.PR_NAME, T.encode_text("svc-b") + i64(5000)), (T.PR_BLOCK, i64(2048))]
+    reserved, names = T.replay_registry(frames)
+    assert (reserved, names) == (5001, {"svc-a": 3, "svc-b": 5000})
+    snap = T.encode_registry_snapshot(reserved, names)
+    assert T.replay_registry([(1, snap), (T.PR_NAME, T.encode_text("c") + i64(7))]) == \
+        (5001, {"svc-a": 3, "svc-b": 5000, "c": 7})
+    for bad in ([(T.PR_BLOCK, i64(1) + b"x")], [(T.PR_NAME, T.encode_text("n"))], [(9, b"")],
+                [(T.PR_NAME, b"\x05\x00ab" + i64(1))]):
+        with pytest.raises(ValueError):
+            T.replay_registry(bad)
