@@ -575,9 +575,8 @@ class Partition:
         """Record an aborted transaction in the .txnindex of the segment that
         holds its marker (partition lock held)."""
         base = self._segment_base(entry[4])
-        body = TXNINDEX_ENTRY.pack(*entry, 0)[:40]
         with open(self._file(base, ".txnindex"), "ab") as f:
-            f.write(body + struct.pack("<I4x", crc32c_of(body)))
+            f.write(_txnindex_bytes([entry]))
         self._txnindex.setdefault(base, []).append(entry)
         self._txnindex_dirty.add(base)
 
@@ -630,11 +629,7 @@ class Partition:
                 self._txnindex[seg.base_offset] = entries
 
     def _write_txnindex(self, base: int, entries: list) -> None:
-        out = []
-        for entry in entries:
-            body = TXNINDEX_ENTRY.pack(*entry, 0)[:40]
-            out.append(body + struct.pack("<I4x", crc32c_of(body)))
-        write_atomic(self._file(base, ".txnindex"), b"".join(out), fsync=self.fsync != "never")
+        write_atomic(self._file(base, ".txnindex"), _txnindex_bytes(entries), fsync=self.fsync != "never")
 
     def _sync_txnindex(self) -> None:
         """fsync the .txnindex files written since the last call (partition
@@ -1034,6 +1029,16 @@ class Partition:
 def _sealed(body: bytes) -> bytes:
     """``body`` followed by its crc32c: a snapshot file's bytes."""
     return body + struct.pack("<I", crc32c_of(body))
+
+
+def _txnindex_bytes(entries) -> bytes:
+    """.txnindex entries (hi, lo, producer id, first, marker), each sealed
+    with the CRC of its first 40 bytes."""
+    out = []
+    for entry in entries:
+        body = TXNINDEX_ENTRY.pack(*entry, 0)[:40]
+        out.append(body + struct.pack("<I4x", crc32c_of(body)))
+    return b"".join(out)
 
 
 def _parse_txn_tables(body: bytes):

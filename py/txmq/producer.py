@@ -120,7 +120,8 @@ class Producer:
         an older sequence :class:`~txmq.errors.DuplicateSequenceError`. A
         fenced instance raises :class:`~txmq.errors.ProducerFencedError`.
         """
-        if self.closed or self._broker._closed or self._fence is not None:
+        if self.closed or self._broker._closed or self._owner is not None:
+            # (a fenced named producer is refused under the partition lock)
             self._check_open()
         if key is not None and type(key) is not bytes:
             key = _key_bytes(key)
