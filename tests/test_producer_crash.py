@@ -335,3 +335,52 @@ def test_gap_after_crash(tmp_path):
 def test_probes_after_crash_many(tmp_path, fsync, mode):
     for i in range(5):
         probe_after_crash(tmp_path / str(i), fsync, mode, seed=7400 + 10 * FSYNCS.index(fsync) + i + len(mode))
+
+
+# -- producer ids across SIGKILL ------------------------------------------------------------
+
+ID_WORKER = r"""
+import sys
+import txmq
+from worker_io import Out
+
+out = Out()
+with txmq.Broker(sys.argv[1], fsync=sys.argv[2]) as b:
+    if "ids" not in b.topics():
+        b.create_topic("ids", 1)
+    out.line("READY")
+    while True:
+        p = b.producer("ids")
+        # Sequence 0 of a fresh id: were the id handed out before, this
+        # would be answered as a resend of an old batch and append nothing.
+        mid = p.send(str(p.producer_id).encode(), partition=0, sequence=0)
+        out.line(f"{p.producer_id} {mid.offset}")
+"""
+
+
+@pytest.mark.parametrize("fsync", ["never", "commit"])
+def test_anonymous_producer_ids_survive_kills(tmp_path, fsync):
+    """The producer-id counter across SIGKILLs (G4, G5): an id is never
+    handed out twice, so a fresh producer's first batch is always appended,
+    never mistaken for a resend of another producer's."""
+    rng = random.Random(11)
+    data = tmp_path / "data"
+    env = dict(worker_env(), PYTHONPATH=os.pathsep.join([HERE, worker_env()["PYTHONPATH"]]))
+    acked, offsets = {}, set()                       # producer id -> offset; the offsets
+    for cycle in range(6):
+        out_path = tmp_path / f"ids-{cycle}.txt"
+        code, err, exited = start_and_kill([sys.executable, "-c", ID_WORKER, str(data), fsync], env,
+                                           out_path, rng, p_after_ready=1.0, after_ready=(0.05, 0.4))
+        assert not exited and code == -signal.SIGKILL, (code, err)
+        for line in read_lines(out_path)[1:]:
+            pid, offset = map(int, line.split())
+            assert pid not in acked, f"producer id {pid} handed out twice"
+            assert offset not in offsets, f"offset {offset} answered twice"
+            acked[pid] = offset
+            offsets.add(offset)
+    assert len(acked) > 100
+    with txmq.Broker(data, fsync=fsync) as b:
+        part = b._topic("ids").partitions[0]
+        log = {int(m[2]): m[0] for m in part.read(0, 10**9)}
+        assert all(log.get(pid) == off for pid, off in acked.items())     # every acked send is there
+        assert len(log) == part.end_offset                                 # and no id wrote twice
