@@ -9,12 +9,14 @@
 from txmq import errors
 from txmq.broker import Broker
 from txmq.consumer import Consumer
+from txmq.half import HalfProducer, HalfSendResult, LocalTransactionState
 from txmq.message import AbortedTransaction, Message, MessageId, MessageIds
 from txmq.producer import Producer
 from txmq.transaction import Transaction
 from txmq.transactional import TransactionalProducer
 from txmq.txn import TxnID, TxnState
 
-__all__ = ["AbortedTransaction", "Broker", "Consumer", "Message", "MessageId", "MessageIds", "Producer",
+__all__ = ["AbortedTransaction", "Broker", "Consumer", "HalfProducer", "HalfSendResult", "LocalTransactionState",
+           "Message", "MessageId", "MessageIds", "Producer",
            "Transaction", "TransactionalProducer", "TxnID", "TxnState", "errors"]
 __version__ = "0.1.0"

@@ -11,12 +11,15 @@ Layout of a data directory (docs/FORMAT.md has every file's bytes)::
     <data>/coordinator/tc-<id>.log                transaction log per coordinator
                                                   (and transactional ids homed there)
     <data>/producers.log                          producer-id counter, named producers
+    <data>/half/log/0/, half/statetable, half/redo.log   half messages (txmq.half)
 
 Opening recovers in this order: partitions (log, then transaction buffer),
 subscriptions (cursor, then pending acks), coordinators; then every
 transaction left unfinished is ended — decided ones as decided, every other
 one (open in a coordinator log, or known only to a partition or a
-subscription) aborted.
+subscription) aborted; then the producer registry, and last the half
+messages (their commits interrupted by a crash append to topics that are
+open by then).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from txmq.producer import Producer
 from txmq.producers import ProducerRegistry
 from txmq.scheduler import Scheduler
 from txmq.files import sync_dir, write_json
+from txmq.half import HalfProducer, HalfStore
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription
 from txmq.topic import Topic, check_subscription_name, check_topic_name
 from txmq.transaction import Transaction
@@ -59,6 +63,7 @@ TIMEOUT_CHECK_INTERVAL = 0.05     # seconds between transaction timeout checks
 RETRY_INTERVAL = 0.5              # ... between retries of a failed commit / abort fan-out
 SNAPSHOT_INTERVAL = 5.0           # ... between transaction-buffer snapshots
 EPOCH_MAX = 32767                 # int16: past it a transactional id gets a new producer id
+RESERVED_PREFIX = "__txmq."       # producer names txmq keeps for itself
 
 
 class Broker:
@@ -80,13 +85,22 @@ class Broker:
 
     Producers: ``producer_id_expiration`` seconds (default 7 days) after its
     last batch, a partition forgets a producer id's sequences.
+
+    Half messages (:meth:`half_producer`): every ``half_check_interval``
+    seconds (default 60) the broker checks back on PREPARED half messages
+    stored more than ``half_check_immunity`` seconds ago (default 6); after
+    ``half_max_checks`` (default 15) unanswered or UNKNOWN checks one goes to
+    the ``txmq.half-check-max`` topic. Resolved records are compacted away
+    ``half_retention`` seconds (default 3 days) after they were stored.
     """
 
     def __init__(self, path, fsync: str = "commit", *, segment_bytes_max: int = 256 * MiB,
                  max_message_bytes: int | None = None, index_interval_bytes: int = 4096,
                  retention_ms: int | None = None, retention_bytes: int | None = None,
                  retention_check_interval: float = 60.0, num_coordinators: int = 4,
-                 transaction_timeout_max: float = 900.0, producer_id_expiration: float = 7 * 24 * 3600.0):
+                 transaction_timeout_max: float = 900.0, producer_id_expiration: float = 7 * 24 * 3600.0,
+                 half_check_interval: float = 60.0, half_check_immunity: float = 6.0, half_max_checks: int = 15,
+                 half_retention: float = 3 * 24 * 3600.0):
         self.path = os.path.abspath(os.fspath(path))
         self._closed = True
         if fsync not in FSYNC_MODES:
@@ -106,6 +120,14 @@ class Broker:
         if (not isinstance(producer_id_expiration, (int, float)) or isinstance(producer_id_expiration, bool)
                 or producer_id_expiration <= 0):
             raise InvalidArgumentError("producer_id_expiration", producer_id_expiration, "seconds > 0")
+        for arg, value in (("half_check_interval", half_check_interval),
+                           ("half_check_immunity", half_check_immunity), ("half_retention", half_retention)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 \
+                    or (arg == "half_check_interval" and value == 0):
+                raise InvalidArgumentError(arg, value, "seconds > 0" if arg == "half_check_interval"
+                                           else "seconds >= 0")
+        if not isinstance(half_max_checks, int) or isinstance(half_max_checks, bool) or half_max_checks < 0:
+            raise InvalidArgumentError("half_max_checks", half_max_checks, "an int >= 0")
         self.fsync = fsync
         self.num_coordinators = num_coordinators
         self.transaction_timeout_max = float(transaction_timeout_max)
@@ -119,6 +141,7 @@ class Broker:
                                        index_interval_bytes=index_interval_bytes,
                                        producer_expiration_ms=int(producer_id_expiration * 1000))
         self._producer_ids = None
+        self._half = None
         self._named_live: dict = {}        # (topic, name) -> the live Producer instance
         self._tid_live: dict = {}          # transactional id -> the live TransactionalProducer
         self._tid_lock = threading.Lock()
@@ -142,6 +165,10 @@ class Broker:
                 in_use = [pid for tc in self._coordinators for pid, _ in tc.tids.values()]
                 in_use += [p.producers.max_producer_id() for t in self._topics.values() for p in t.partitions]
                 self._producer_ids.reserve_above(max(in_use, default=-1))
+                self._half = HalfStore(self, os.path.join(self.path, "half"), fsync, self._partition_options,
+                                       check_immunity=float(half_check_immunity), max_checks=half_max_checks,
+                                       retention=float(half_retention))
+                self._half.recover()
             finally:
                 if gc_was_on:
                     gc.enable()
@@ -152,6 +179,8 @@ class Broker:
                 tc.close()
             if self._producer_ids is not None:
                 self._producer_ids.close()
+            if self._half is not None:
+                self._half.close()
             os.close(self._lock_fd)
             raise
         self._closed = False
@@ -160,6 +189,7 @@ class Broker:
         self._scheduler.every(TIMEOUT_CHECK_INTERVAL, self._expire_transactions)
         self._scheduler.every(RETRY_INTERVAL, self._retry_transactions)
         self._scheduler.every(SNAPSHOT_INTERVAL, self._snapshot_txn_buffers)
+        self._scheduler.every(half_check_interval, self.check_half_messages)
 
     # -- opening -------------------------------------------------------------
 
@@ -317,6 +347,8 @@ class Broker:
         if name is None:
             return Producer(self, t, self._producer_ids.allocate())
         _name_bytes("name", name)
+        if name.startswith(RESERVED_PREFIX):
+            raise InvalidArgumentError("name", name, f"a name not starting with {RESERVED_PREFIX!r} (reserved)")
         p = Producer(self, t, self._producer_ids.id_of(name), name=name)
         with self._tid_lock:
             old = self._named_live.get((topic, name))
@@ -364,6 +396,45 @@ class Broker:
         with self._tid_lock:
             if self._tid_live.get(tp.transactional_id) is tp:
                 del self._tid_live[tp.transactional_id]
+
+    def half_producer(self, topic: str, group: str, checker=None) -> HalfProducer:
+        """A producer of half messages (RocketMQ's transactional messages)
+        to ``topic`` for producer group ``group``:
+        :meth:`HalfProducer.send_in_transaction` stores a half message,
+        runs a local transaction and commits, rolls back or leaves the
+        message for check-back. ``checker(message) ->
+        LocalTransactionState`` answers the broker's checks for the group's
+        PREPARED half messages; several live producers of a group may
+        register one, and each check asks one of them at random."""
+        self._check_open()
+        t = self._topic(topic)
+        _name_bytes("group", group)
+        if checker is not None and not callable(checker):
+            raise InvalidArgumentError("checker", checker, "None or a callable(message) -> LocalTransactionState")
+        pid = self._producer_ids.id_of(f"{RESERVED_PREFIX}half/{topic}/{group}")
+        return HalfProducer(self, self._half, t, group, checker, pid)
+
+    def check_half_messages(self) -> int:
+        """Run one round of half-message check-back now (the broker runs one
+        every ``half_check_interval``); return how many checks were sent.
+        Compacts the half-message records when they have grown."""
+        if self._closed:
+            return 0
+        try:
+            sent = self._half.check()
+            self._half.maybe_compact()
+        except BrokerClosedError:
+            return 0
+        return sent
+
+    def resume_half_checks(self, half_ids=None) -> list:
+        """Check DISCARDED half messages (given up after
+        ``half_max_checks``) again, from a check count of 0: every one, or
+        those of ``half_ids``. Returns the half ids resumed. A message
+        committed after this is in its topic and still in the check-max
+        topic, where it was copied when discarded."""
+        self._check_open()
+        return self._half.resume(half_ids)
 
     def subscribe(self, topic: str, subscription: str, type: str = "exclusive", *,
                   isolation: str = "read_committed", initial_position: str = "latest",
@@ -636,6 +707,7 @@ class Broker:
                 "registry_problems_on_open": list(self._producer_ids.problems),
                 "transactional_ids_open": len(self._tid_live),
             },
+            "half": self._half.stats(),
         }
 
     def close(self) -> None:
@@ -646,6 +718,7 @@ class Broker:
                 return
             self._closed = True
         self._scheduler.stop()
+        self._half.close()
         for t in self._topics.values():
             for sub in t.subscriptions.values():
                 for c in list(sub.consumers):

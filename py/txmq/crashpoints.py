@@ -7,7 +7,13 @@ n-th time it gets there). Unset, :func:`reached` is one set lookup.
 Points: ``txn.prepared`` (participants durable, no decision yet),
 ``txn.decided`` (decision durable, no marker written), ``txn.markers_half``
 (after the first participant applied the outcome), ``txn.applied`` (every
-participant applied, final record not written).
+participant applied, final record not written); half messages:
+``half.stored`` (half message stored, local transaction not run),
+``half.local_done`` (local transaction ran, outcome not recorded),
+``half.committing`` (COMMITTING framed and in the table, message not
+appended), ``half.appended`` (appended, record not settled),
+``half.check_counted`` (check counts framed, checker not asked),
+``half.discarding`` (DISCARDING framed, not in the check-max topic).
 """
 
 from __future__ import annotations

@@ -276,3 +276,17 @@ class DuplicateSequenceError(OutOfOrderSequenceError):
     def __init__(self, topic: str, partition: int, producer_id: int, sequence: int, expected: int):
         super().__init__(topic, partition, producer_id, sequence, expected,
                          "already appended, and not as one of the last 5 batches")
+
+
+class InvalidHalfStateError(TxmqError):
+    """A half message cannot take this step: it is unknown, or already
+    ended the other way (a commit after a rollback, say).
+
+    ``half_id`` is the half message, ``state`` where it is, ``wanted`` the
+    step asked for."""
+
+    def __init__(self, half_id, state: str, wanted: str):
+        self.half_id = half_id
+        self.state = state
+        self.wanted = wanted
+        super().__init__(f"half message {half_id} is {state}; cannot {wanted}")
