@@ -97,6 +97,13 @@ COMPARISONS = [
                0.95, ">=", note="the same goal, explicit sequences (the dedup-cache check)"),
     Comparison("send_batch 100x100B, 10k live ids / 1, 10k producer objects both", "10k ids", "1 id",
                0.95, ">=", note="the table alone: both sides rotate over 10,000 producer objects"),
+    # -- half messages (test_bench_half.py) --
+    Comparison("send_in_transaction (local txn commits) vs send(), 100B, never", "send_in_transaction",
+               "send", 0.5, ">=", note="goal >= 50% of the plain send() rate"),
+    Comparison("send_in_transaction (local txn commits) vs send(), 100B, commit", "send_in_transaction",
+               "send", None, ">=", note="for information: two fsyncs per half message, none per send()"),
+    Comparison("check scan of 1M state records: StateTable.due vs Python loop", "numpy scan", "python loop", 50,
+               ">=", note="goal >= 50x a Python loop over the same records"),
 ]
 
 # comparison group -> the COMPARISONS rows it feeds
@@ -121,6 +128,9 @@ GROUPS = {
     "producers_live_ids": COMPARISONS[24:25],
     "producers_live_ids_explicit": COMPARISONS[25:26],
     "producers_live_ids_objects": COMPARISONS[26:27],
+    "half_send_never": COMPARISONS[27:28],
+    "half_send_commit": COMPARISONS[28:29],
+    "half_scan": COMPARISONS[29:30],
 }
 
 

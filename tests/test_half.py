@@ -389,6 +389,7 @@ def test_scan_is_vectorised_and_matches_a_python_loop(tmp_path):
         if state == _half.PREPARED and st <= 50 and cc < 3:
             expect.append(i)
     assert _half.due(t.records(), 50, 3).tolist() == expect
+    assert t.due(50, 3).tolist() == expect
     assert _half.count_states(t.records()).tolist() == np.bincount(states, minlength=7).tolist()
     t.close()
 

@@ -64,6 +64,7 @@ CHECK_MAX_TOPIC = "txmq.half-check-max"        # where given-up half messages go
 SETTLE_BATCH = 256                             # COMMITTING records settled per UPDATE frame
 COMPACT_MIN_FRAMES = 10_000
 SEQUENCE_LIMIT = 2**31
+_new = tuple.__new__               # a NamedTuple without its Python-level __new__ (the hot path)
 
 
 class LocalTransactionState(enum.Enum):
@@ -171,8 +172,8 @@ class HalfStore:
                 group = self.groups.get(pid, (None, None))[1]
                 if group is None:
                     self.problems.append(f"half message {index}: producer id {pid} has no group; left unchecked")
-                self._write_record(index, PREPARED, 0, m.publish_time, found_size=self._size_of(index),
-                                   group=0 if group is None else group_hash(group))
+                self._record(index, PREPARED, self._size_of(index), m.publish_time // 1000,
+                             0 if group is None else group_hash(group), 0)
                 self.stats_counts["found_on_open"] += 1
             for index in sorted(self.intents):
                 part, seq = self.intents[index]
@@ -238,66 +239,58 @@ class HalfStore:
         unless fsync="never")."""
         return self.log.append(spec, 0, None, producer_id, 0, -1, self.fsync != "never")
 
-    def _write_record(self, index, state, checks, publish_ms, *, found_size=None, group=None,
-                      partition=-1, sequence=-1, immunity_ms=-1) -> None:
+    def _record(self, index, state, size, store_s, ghash, checks, partition=-1, sequence=-1,
+                immunity_ms=-1) -> None:
         """Frame, then write, a whole record (lock held)."""
-        if group is None:
-            rec = self.table.get(index)
-            size, store_s, group = rec[1], rec[2], rec[3]
-        else:
-            size, store_s = found_size, publish_ms // 1000
-        self.redo.append(F_RECORD, _half.record_frame(index, index, size, store_s, group, state, checks,
+        self.redo.append(F_RECORD, _half.record_frame(index, index, size, store_s, ghash, state, checks,
                                                       partition, sequence, immunity_ms))
-        self.table.put(index, index, size, store_s, group, state, checks)
+        self.table.put(index, index, size, store_s, ghash, state, checks)
         if immunity_ms >= 0:
             self.immunities[index] = immunity_ms
 
-    def record_new(self, index: int, state: int, size: int, publish_ms: int, ghash: int,
-                   immunity_ms: int) -> None:
-        """The first record of a half message, written before its local
-        transaction only when it has its own check immunity (otherwise
-        after it, with the outcome: a crash in between is found on open)."""
+    def record_new(self, index: int, size: int, store_s: int, ghash: int, immunity_ms: int) -> None:
+        """The PREPARED record of a half message with its own check
+        immunity, written before its local transaction runs. (Any other
+        half message is recorded after it, with the outcome: a crash in
+        between leaves it without a record, and opening finds it.)"""
         with self.lock:
-            self._write_record(index, state, 0, publish_ms, found_size=size, group=ghash,
-                               immunity_ms=immunity_ms)
+            self._record(index, PREPARED, size, store_s, ghash, 0, immunity_ms=immunity_ms)
 
-    def end(self, index: int, state: LocalTransactionState, *, size=None, publish_ms=None, ghash=None,
-            spec=None, key=None, topic=None, producer_id=None, expect_checks=None):
+    def end(self, index: int, state: LocalTransactionState, *, new=None, spec=None, key=None, topic=None,
+            producer_id=None, expect_checks=None):
         """End half message ``index`` with ``state``: COMMIT appends it to its
         topic (returns its MessageId, or None if it was appended before),
         ROLLBACK drops it, UNKNOWN leaves it PREPARED for check-back.
 
-        A new half message passes its size, publish time and group hash (it
-        has no record yet). A check passes ``expect_checks``: the answer is
-        ignored if the record changed meanwhile. Ending a half message
-        again the same way does nothing; the other way raises
-        :class:`InvalidHalfStateError`."""
+        A half message just stored passes ``new`` = (size, store time in
+        s, group hash) and its ``spec``, ``key``, ``topic`` and
+        ``producer_id`` (it may have no record yet); otherwise they are
+        read from the record and the half log. A check passes
+        ``expect_checks``: its answer is dropped if the record changed
+        meanwhile. Ending a half message again the same way does nothing;
+        the other way raises :class:`InvalidHalfStateError`."""
         with self.lock:
-            fresh = size is not None
-            if fresh and self.table.end <= index:
-                self.table.extend(index + 1)
-            current = EMPTY if fresh else self._state(index)
-            if fresh and self.table.state_of(index) != EMPTY:
-                current = self.table.state_of(index)       # recorded first (its own immunity)
-                fresh = False
-            if not fresh:
+            if new is not None and (index >= self.table.end or self.table.state_of(index) == EMPTY):
+                size, store_s, ghash = new
+                checks = 0
+            else:
+                _, size, store_s, ghash, current, checks = self._get(index)
                 if current != PREPARED:
                     done = {LocalTransactionState.COMMIT: (COMMITTING, COMMITTED),
                             LocalTransactionState.ROLLBACK: (ROLLED_BACK,)}.get(state, ())
                     if current in done or state is LocalTransactionState.UNKNOWN:
                         return None
                     raise InvalidHalfStateError(index, STATE_NAMES[current], state.value)
-                if expect_checks is not None and self.table.get(index)[5] != expect_checks:
+                if expect_checks is not None and checks != expect_checks:
                     return None
+                if state is LocalTransactionState.UNKNOWN:
+                    return None
+                new = None
             if state is LocalTransactionState.UNKNOWN:
-                if fresh:
-                    self._write_record(index, PREPARED, 0, publish_ms, found_size=size, group=ghash)
+                self._record(index, PREPARED, size, store_s, ghash, 0)
                 return None
             if state is LocalTransactionState.ROLLBACK:
-                if fresh:
-                    self._write_record(index, ROLLED_BACK, 0, publish_ms, found_size=size, group=ghash)
-                else:
-                    self._update([(index, ROLLED_BACK, self.table.get(index)[5])])
+                self._record(index, ROLLED_BACK, size, store_s, ghash, checks)
                 self.immunities.pop(index, None)
                 self.stats_counts["rolled_back"] += 1
                 return None
@@ -310,6 +303,8 @@ class HalfStore:
                 spec, key = _spec_of(m), m.key
             t = self.broker._topics.get(topic)
             if t is None:
+                if new is not None:
+                    self._record(index, PREPARED, size, store_s, ghash, 0)
                 self.problems.append(f"half message {index}: topic {topic!r} is gone; sent to {CHECK_MAX_TOPIC}")
                 self._discard(index)
                 return None
@@ -319,27 +314,32 @@ class HalfStore:
             else:
                 self._rr += 1
                 p = parts[self._rr % len(parts)]
-            seq = (p.last_sequence(producer_id) + 1) % SEQUENCE_LIMIT
-            checks = 0 if fresh else self.table.get(index)[5]
-            if fresh:
-                self._write_record(index, COMMITTING, 0, publish_ms, found_size=size, group=ghash,
-                                   partition=p.index, sequence=seq)
-            else:
-                self._write_record(index, COMMITTING, checks, 0, partition=p.index, sequence=seq)
-            self.intents[index] = (p.index, seq)
-            if self.fsync != "never":
-                self.redo.sync()
-            crashpoints.reached("half.committing")
-            offset = self._append(p, spec, producer_id, seq)
-            crashpoints.reached("half.appended")
-            self._settled(index)
+            offset = self._send_once(index, COMMITTING, p, spec, producer_id, size, store_s, ghash, checks)
             self.stats_counts["committed"] += 1
-            return None if offset is None else MessageId(topic, p.index, offset)
+            return None if offset is None else _new(MessageId, (topic, p.index, offset))
 
-    def _state(self, index: int) -> int:
+    def _send_once(self, index, state, p, spec, producer_id, size, store_s, ghash, checks):
+        """Append half message ``index`` to partition ``p`` exactly once
+        (lock held): frame the record as ``state`` (COMMITTING or
+        DISCARDING) with the partition and the sequence it goes with, make
+        that durable, append, and leave the record to settle."""
+        seq = (p.last_sequence(producer_id) + 1) % SEQUENCE_LIMIT
+        self._record(index, state, size, store_s, ghash, checks, p.index, seq)
+        self.intents[index] = (p.index, seq)
+        if self.fsync != "never":
+            self.redo.sync()
+        crashpoints.reached("half.committing" if state == COMMITTING else "half.discarding")
+        offset = self._append(p, spec, producer_id, seq)
+        crashpoints.reached("half.appended")
+        self._settle.append(index)
+        if len(self._settle) >= SETTLE_BATCH:
+            self._flush_settle()
+        return offset
+
+    def _get(self, index: int):
         if not self.table.base <= index < self.table.end:
             raise InvalidHalfStateError(index, "unknown", "end it")
-        return self.table.state_of(index)
+        return self.table.get(index)
 
     def _append(self, p, spec, producer_id, seq):
         """Append a committed (or discarded) half message with its
@@ -373,12 +373,7 @@ class HalfStore:
                 return
             t = self._check_max_topic()
         self._append(t.partitions[part], spec, pid, seq)
-        self._settled(index)
-
-    def _settled(self, index: int) -> None:
         self._settle.append(index)
-        if len(self._settle) >= SETTLE_BATCH:
-            self._flush_settle()
 
     def _flush_settle(self) -> None:
         """COMMITTING -> COMMITTED and DISCARDING -> DISCARDED for every
@@ -407,10 +402,9 @@ class HalfStore:
         """Half ids of PREPARED messages old enough to check, oldest first."""
         with self.lock:
             self._flush_settle()
-            recs = self.table.records()
             # store_time is whole seconds: stored at most 1 s after it, so
             # never check before the immunity has surely passed.
-            idx = _half.due(recs, math.floor(now - 1 - self.check_immunity)) + self.table.base
+            idx = self.table.due(math.floor(now - 1 - self.check_immunity)) + self.table.base
             if self.immunities:
                 own = np.fromiter(self.immunities, np.int64, len(self.immunities))
                 idx = idx[~np.isin(idx, own)]
@@ -472,21 +466,15 @@ class HalfStore:
     def _discard(self, index: int) -> None:
         """Move a half message to the check-max topic, once (lock held)."""
         found = self._read(index)
-        checks = self.table.get(index)[5]
+        _, size, store_s, ghash, _, checks = self.table.get(index)
         if found is None:
             self._update([(index, DISCARDED, checks)])
             return
         m, pid = found
         topic, group = self.groups.get(pid, ("?", "?"))
         p = self._check_max_topic().partitions[0]
-        seq = (p.last_sequence(pid) + 1) % SEQUENCE_LIMIT
-        self._write_record(index, DISCARDING, checks, 0, partition=0, sequence=seq)
-        self.intents[index] = (0, seq)
-        if self.fsync != "never":
-            self.redo.sync()
-        crashpoints.reached("half.discarding")
-        self._append(p, _dead_letter_spec(m, index, topic, group), pid, seq)
-        self._settled(index)
+        self._send_once(index, DISCARDING, p, _dead_letter_spec(m, index, topic, group), pid, size, store_s,
+                        ghash, checks)
         self._flush_settle()
         self.stats_counts["discarded"] += 1
 
@@ -660,22 +648,25 @@ class HalfProducer:
         store = self._store
         index = store.store(spec, self.producer_id)
         crashpoints.reached("half.stored")
-        seg, pos = store.log.segment_for(index)
-        info = seg.batch_at(pos)
-        size, publish_ms = info.length, info.publish_time
+        # (a later append's time if another thread appended since: the
+        # record's store time only decides when checks begin)
+        size, publish_ms = spec.encoded_size(), store.log.last_publish_time
         if immunity_ms >= 0:
-            store.record_new(index, PREPARED, size, publish_ms, self.group_hash, immunity_ms)
+            store.record_new(index, size, publish_ms // 1000, self.group_hash, immunity_ms)
         message = Message(value, key, list(headers.items()) if isinstance(headers, dict) else headers,
-                          MessageId(HALF_TOPIC, 0, index), info.first_event_time, publish_ms, 0, index)
+                          _new(MessageId, (HALF_TOPIC, 0, index)),
+                          publish_ms if event_time is None else event_time, publish_ms, 0, index)
         try:
-            state = _as_state(local_txn(message, arg))
+            state = local_txn(message, arg)
+            if state.__class__ is not LocalTransactionState:
+                state = _as_state(state)
         except Exception:
             log.exception("local transaction of half message %d raised: left for check-back", index)
             state = LocalTransactionState.UNKNOWN
         crashpoints.reached("half.local_done")
-        mid = store.end(index, state, size=size, publish_ms=publish_ms, ghash=self.group_hash, spec=spec, key=key,
+        mid = store.end(index, state, new=(size, publish_ms // 1000, self.group_hash), spec=spec, key=key,
                         topic=self._topic.name, producer_id=self.producer_id)
-        return HalfSendResult(state, index, mid)
+        return _new(HalfSendResult, (state, index, mid))
 
     def end_transaction(self, half_id: int, state: LocalTransactionState):
         """End half message ``half_id`` later (an application that decides
