@@ -31,7 +31,11 @@ Nothing here takes a lock or knows a policy: ``txmq.half`` does.
 """
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long) nogil
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memcmp, memset
 
 import os
@@ -102,9 +106,19 @@ cdef class StateTable:
     cdef object mapping
     cdef unsigned char[::1] buf
     cdef char *data
+    # One bit per record, set while it is PREPARED: the check scan reads
+    # these words and only the records they point at (derived in memory,
+    # kept by every write below).
+    cdef uint64_t *prepared
+    cdef int64_t prepared_words
 
     def __cinit__(self):
         self.fd = -1
+        self.prepared = NULL
+        self.prepared_words = 0
+
+    def __dealloc__(self):
+        free(self.prepared)
 
     def __init__(self, path, int64_t base, int64_t end):
         """Open the table file for records [base, end); a file whose header
@@ -136,6 +150,13 @@ cdef class StateTable:
         self.mapping = Mapping(self.fd, HEADER_SIZE + cap * RECORD_SIZE, True)
         self.buf = self.mapping
         self.data = <char *>&self.buf[0] + HEADER
+        cdef int64_t words = (cap + 63) // 64
+        cdef uint64_t *bits = <uint64_t *>realloc(self.prepared, words * sizeof(uint64_t))
+        if bits == NULL:
+            raise MemoryError()
+        memset(bits + self.prepared_words, 0, (words - self.prepared_words) * sizeof(uint64_t))
+        self.prepared = bits
+        self.prepared_words = words
         self.capacity = cap
 
     cdef inline StateRecord *at(self, int64_t index) except NULL:
@@ -162,12 +183,20 @@ cdef class StateTable:
         r.group_hash = group_hash
         r.state = state
         r.check_count = check_count
+        self.mark(index - self.base, state)
 
     def set_state(self, int64_t index, int32_t state, int32_t check_count):
         """Update a record in place (its redo frame is written first)."""
         cdef StateRecord *r = self.at(index)
         r.state = state
         r.check_count = check_count
+        self.mark(index - self.base, state)
+
+    cdef inline void mark(self, int64_t i, int32_t state) noexcept:
+        if state == S_PREPARED:
+            self.prepared[i >> 6] |= (<uint64_t>1) << (i & 63)
+        else:
+            self.prepared[i >> 6] &= ~((<uint64_t>1) << (i & 63))
 
     def get(self, int64_t index):
         """``(offset, size, store_time, group_hash, state, check_count)``."""
@@ -179,18 +208,49 @@ cdef class StateTable:
 
     def due(self, int32_t cutoff_s, int32_t max_checks=-1):
         """Offsets (from ``base``) of PREPARED records stored at or before
-        ``cutoff_s`` (and, with ``max_checks`` >= 0, checked fewer times):
-        one pass over the mapped records in C, without the GIL."""
-        cdef Py_ssize_t n = self.end - self.base, i, k = 0
-        out = np.empty(n, np.int64)
-        cdef int64_t[::1] found = out
+        ``cutoff_s`` (and, with ``max_checks`` >= 0, checked fewer times),
+        in order: a pass over the PREPARED bits, reading only the records
+        they mark, in C without the GIL."""
+        cdef Py_ssize_t n = self.end - self.base, w, words = (n + 63) // 64, k = 0
+        cdef Py_ssize_t cap = 1024
+        cdef int64_t i
+        cdef uint64_t bits
         cdef const StateRecord *r = <const StateRecord *>self.data
-        with nogil:
-            for i in range(n):
-                if r[i].state == S_PREPARED and r[i].store_time <= cutoff_s and (
-                        max_checks < 0 or r[i].check_count < max_checks):
-                    found[k] = i
-                    k += 1
+        out = np.empty(cap, np.int64)
+        cdef int64_t[::1] found = out
+        w = 0
+        while w < words:
+            with nogil:
+                while w < words:
+                    bits = self.prepared[w]
+                    while bits:
+                        i = w * 64 + __builtin_ctzll(bits)
+                        bits &= bits - 1
+                        if i < n and r[i].state == S_PREPARED and r[i].store_time <= cutoff_s and (
+                                max_checks < 0 or r[i].check_count < max_checks):
+                            found[k] = i
+                            k += 1
+                            if k == cap:
+                                break
+                    if k == cap:
+                        break
+                    w += 1
+            if k == cap:               # room for more, then go on with what is left of this word
+                out = np.concatenate([out, np.empty(cap, np.int64)])
+                found = out
+                cap *= 2
+                while bits:
+                    i = w * 64 + __builtin_ctzll(bits)
+                    bits &= bits - 1
+                    if i < n and r[i].state == S_PREPARED and r[i].store_time <= cutoff_s and (
+                            max_checks < 0 or r[i].check_count < max_checks):
+                        if k == cap:
+                            out = np.concatenate([out, np.empty(cap, np.int64)])
+                            found = out
+                            cap *= 2
+                        found[k] = i
+                        k += 1
+                w += 1
         return out[:k]
 
     def records(self):
@@ -222,6 +282,9 @@ cdef class StateTable:
                 memset(self.data + i * REC, 0, REC)
                 if i < self.end - self.base:
                     differed += 1
+        memset(self.prepared, 0, self.prepared_words * sizeof(uint64_t))
+        for i in range(n):
+            self.mark(i, (<StateRecord *>(self.data + i * REC)).state)
         return differed
 
     def sync(self):
