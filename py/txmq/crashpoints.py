@@ -27,6 +27,9 @@ for item in filter(None, os.environ.get("TXMQ_CRASH_AT", "").split(",")):
     _POINTS[name.strip()] = int(nth) if nth else 1
 
 
+ARMED = bool(_POINTS)     # hot paths test this before calling reached()
+
+
 def reached(name: str) -> None:
     """SIGKILL this process if ``name`` is armed and this is its n-th visit."""
     if _POINTS and name in _POINTS:

@@ -234,11 +234,6 @@ class HalfStore:
 
     # -- the life of a half message --------------------------------------------------
 
-    def store(self, spec: BatchSpec, producer_id: int) -> int:
-        """Append a half message; return its half id (made durable first
-        unless fsync="never")."""
-        return self.log.append(spec, 0, None, producer_id, 0, -1, self.fsync != "never")
-
     def _record(self, index, state, size, store_s, ghash, checks, partition=-1, sequence=-1,
                 immunity_ms=-1) -> None:
         """Frame, then write, a whole record (lock held)."""
@@ -308,15 +303,28 @@ class HalfStore:
                 self.problems.append(f"half message {index}: topic {topic!r} is gone; sent to {CHECK_MAX_TOPIC}")
                 self._discard(index)
                 return None
-            parts = t.partitions
-            if key is not None and len(parts) > 1:
-                p = parts[partition_for(key, len(parts))]
-            else:
-                self._rr += 1
-                p = parts[self._rr % len(parts)]
-            offset = self._send_once(index, COMMITTING, p, spec, producer_id, size, store_s, ghash, checks)
-            self.stats_counts["committed"] += 1
-            return None if offset is None else _new(MessageId, (topic, p.index, offset))
+            return self._commit(index, t, spec, key, producer_id, size, store_s, ghash, checks)
+
+    def commit_new(self, index, size, store_s, ghash, spec, key, topic, producer_id):
+        """:meth:`end` with COMMIT for a half message just stored, whose
+        local transaction committed (the hot path of send_in_transaction)."""
+        with self.lock:
+            t = self.broker._topics.get(topic)
+            if t is None or (index < self.table.end and self.table.state_of(index) != EMPTY):
+                return self.end(index, LocalTransactionState.COMMIT, new=(size, store_s, ghash), spec=spec,
+                                key=key, topic=topic, producer_id=producer_id)
+            return self._commit(index, t, spec, key, producer_id, size, store_s, ghash, 0)
+
+    def _commit(self, index, t, spec, key, producer_id, size, store_s, ghash, checks):
+        parts = t.partitions
+        if key is not None and len(parts) > 1:
+            p = parts[partition_for(key, len(parts))]
+        else:
+            self._rr += 1
+            p = parts[self._rr % len(parts)]
+        offset = self._send_once(index, COMMITTING, p, spec, producer_id, size, store_s, ghash, checks)
+        self.stats_counts["committed"] += 1
+        return None if offset is None else _new(MessageId, (t.name, p.index, offset))
 
     def _send_once(self, index, state, p, spec, producer_id, size, store_s, ghash, checks):
         """Append half message ``index`` to partition ``p`` exactly once
@@ -328,9 +336,11 @@ class HalfStore:
         self.intents[index] = (p.index, seq)
         if self.fsync != "never":
             self.redo.sync()
-        crashpoints.reached("half.committing" if state == COMMITTING else "half.discarding")
+        if crashpoints.ARMED:
+            crashpoints.reached("half.committing" if state == COMMITTING else "half.discarding")
         offset = self._append(p, spec, producer_id, seq)
-        crashpoints.reached("half.appended")
+        if crashpoints.ARMED:
+            crashpoints.reached("half.appended")
         self._settle.append(index)
         if len(self._settle) >= SETTLE_BATCH:
             self._flush_settle()
@@ -646,8 +656,9 @@ class HalfProducer:
         spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
                          None if event_time is None else [event_time])
         store = self._store
-        index = store.store(spec, self.producer_id)
-        crashpoints.reached("half.stored")
+        index = store.log.append(spec, 0, None, self.producer_id, 0, -1, store.fsync != "never")
+        if crashpoints.ARMED:
+            crashpoints.reached("half.stored")
         # (a later append's time if another thread appended since: the
         # record's store time only decides when checks begin)
         size, publish_ms = spec.encoded_size(), store.log.last_publish_time
@@ -663,9 +674,14 @@ class HalfProducer:
         except Exception:
             log.exception("local transaction of half message %d raised: left for check-back", index)
             state = LocalTransactionState.UNKNOWN
-        crashpoints.reached("half.local_done")
-        mid = store.end(index, state, new=(size, publish_ms // 1000, self.group_hash), spec=spec, key=key,
-                        topic=self._topic.name, producer_id=self.producer_id)
+        if crashpoints.ARMED:
+            crashpoints.reached("half.local_done")
+        if state is LocalTransactionState.COMMIT and immunity_ms < 0:
+            mid = store.commit_new(index, size, publish_ms // 1000, self.group_hash, spec, key, self._topic.name,
+                                   self.producer_id)
+        else:
+            mid = store.end(index, state, new=(size, publish_ms // 1000, self.group_hash), spec=spec, key=key,
+                            topic=self._topic.name, producer_id=self.producer_id)
         return _new(HalfSendResult, (state, index, mid))
 
     def end_transaction(self, half_id: int, state: LocalTransactionState):
