@@ -1,14 +1,8 @@
-"""The ``txmq`` command line.
-
-``txmq demo [--dir DIR]``   produce and consume on an embedded data directory
-``txmq stats DIR``          print a data directory's topics and subscriptions
-``txmq topics DIR``         list topics
-"""
+"""``txmq demo``: produce and consume on an embedded data directory, restart
+the broker part-way, and check every message was acknowledged once."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import threading
@@ -112,45 +106,3 @@ def demo(data_dir: str, messages: int = 200_000, out=sys.stdout) -> int:
     say(f"{'backlog after acknowledging everything':<44} {backlog}")
     say("demo " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
-
-
-def _stats(path: str) -> int:
-    with txmq.Broker(path) as broker:
-        print(json.dumps(broker.stats(), indent=2))
-    return 0
-
-
-def _topics(path: str) -> int:
-    with txmq.Broker(path) as broker:
-        for name in broker.topics():
-            d = broker.describe_topic(name)
-            print(f"{name}\tpartitions={d['partitions']}\tend_offsets={d['end_offsets']}")
-    return 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="txmq", description="txmq embedded transactional message broker")
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="produce and consume on an embedded data directory")
-    d.add_argument("--dir", default="txmq-data", help="data directory (default: ./txmq-data)")
-    d.add_argument("--messages", type=int, default=200_000)
-    s = sub.add_parser("stats", help="print a data directory's stats as JSON")
-    s.add_argument("dir")
-    t = sub.add_parser("topics", help="list the topics of a data directory")
-    t.add_argument("dir")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "demo":
-            if args.messages < 10:
-                parser.error("--messages must be at least 10")
-            return demo(args.dir, args.messages)
-        if args.command == "stats":
-            return _stats(args.dir)
-        return _topics(args.dir)
-    except txmq.errors.TxmqError as e:
-        print(f"txmq: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

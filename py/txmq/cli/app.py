@@ -1,0 +1,231 @@
+"""The ``txmq`` argument parser and dispatch. docs/CLI.md documents every
+command; ``txmq --help`` ends with the exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from txmq.cli import admin, bench, check, consume, exits, produce
+from txmq.cli.demo import demo
+from txmq.errors import TxmqError
+
+TOPIC_ACTIONS = ("list", "create", "describe", "delete")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, not {text!r}")
+    return v
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, not {text!r}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, not {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    progress = argparse.ArgumentParser(add_help=False)
+    g = progress.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="draw progress on stderr even when it is not a terminal")
+    g.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="never draw progress")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of a table (for scripts)")
+
+    def data_dir(p):
+        p.add_argument("dir", metavar="DIR", help="the data directory")
+
+    parser = argparse.ArgumentParser(
+        prog="txmq", description="txmq: an embedded transactional message broker. "
+                                 "Every command is documented in docs/CLI.md.",
+        epilog=exits.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    both = [progress, as_json]
+
+    d = sub.add_parser("demo", help="produce and consume on an embedded data directory")
+    d.add_argument("--dir", default="txmq-data", help="data directory (default: ./txmq-data)")
+    d.add_argument("--messages", type=int, default=200_000)
+
+    # topics
+    t = sub.add_parser("topics", help="list, create, describe or delete topics")
+    ts = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = ts.add_parser("list", parents=both, help="every topic: partitions, offsets, subscriptions")
+    data_dir(p)
+    p.set_defaults(run=admin.topics_list)
+    p = ts.add_parser("create", parents=both, help="create a topic (and the data directory if needed)")
+    data_dir(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("-p", "--partitions", type=_positive_int, default=1, help="number of partitions (default 1)")
+    p.add_argument("--retention-ms", type=_non_negative_int, help="delete segments older than this")
+    p.add_argument("--retention-bytes", type=_non_negative_int, help="keep at most this many bytes per partition")
+    p.set_defaults(run=admin.topics_create)
+    p = ts.add_parser("describe", parents=both, help="a topic's partitions and subscriptions")
+    data_dir(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.set_defaults(run=admin.topics_describe)
+    p = ts.add_parser("delete", parents=both, help="delete a topic, its data and its subscriptions")
+    data_dir(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.set_defaults(run=admin.topics_delete)
+
+    # produce
+    p = sub.add_parser("produce", parents=[progress], help="send lines of stdin or a file as messages")
+    data_dir(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("file", metavar="FILE", nargs="?", default="-", help="input file (default: stdin)")
+    p.add_argument("--key", help="key of every message (UTF-8)")
+    p.add_argument("--partition", type=_non_negative_int, help="send every message to this partition")
+    p.add_argument("--json", action="store_true",
+                   help="each line is a JSON object: value, key, headers, partition, event_time")
+    p.add_argument("--batch-size", type=_positive_int, default=1000,
+                   help="messages per send_batch (default 1000)")
+    p.add_argument("--transactional", action="store_true",
+                   help="send everything in one transaction: all of it is produced, or none")
+    p.add_argument("--txn-timeout", type=_seconds, default=900.0,
+                   help="timeout of that transaction in seconds (default 900, the broker's maximum)")
+    p.add_argument("--json-summary", action="store_true", help="print the summary as JSON on stdout")
+    p.set_defaults(run=produce.produce)
+
+    # consume
+    p = sub.add_parser("consume", parents=[progress], help="print a topic's messages")
+    data_dir(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("-s", "--subscription",
+                   help="read as this durable subscription (created if missing) and acknowledge what is "
+                        "printed; without it the read is non-durable")
+    p.add_argument("--type", choices=("exclusive", "shared", "failover"), default="exclusive",
+                   help="type of a subscription created by --subscription (default exclusive)")
+    p.add_argument("--isolation", choices=("read_committed", "read_uncommitted"),
+                   help="read_committed (default for new reads) or read_uncommitted")
+    p.add_argument("--partition", type=_non_negative_int, help="only this partition")
+    p.add_argument("--from", dest="from_", metavar="POS",
+                   help="earliest, latest or an offset (default: earliest, or the subscription's cursor)")
+    p.add_argument("--until", metavar="POS", default="latest",
+                   help="stop before this offset, or at latest (default: the end when the read began)")
+    p.add_argument("-n", "--max-messages", type=_positive_int, help="stop after this many messages")
+    p.add_argument("--timeout", type=_seconds, default=1.0,
+                   help="stop when no message came for this many seconds (default 1)")
+    p.add_argument("--format", choices=("raw", "json"), default="raw",
+                   help="raw: the value and a newline; json: one object per line")
+    p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.set_defaults(run=consume.consume)
+
+    # transactions
+    t = sub.add_parser("transactions", help="list, describe or abort live transactions")
+    ts = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = ts.add_parser("list", parents=both, help="live transactions")
+    data_dir(p)
+    p.set_defaults(run=admin.transactions_list)
+    for action, helptext, run in (("describe", "one live transaction and what it holds back",
+                                   admin.transactions_describe),
+                                  ("abort", "force-abort a live transaction", admin.transactions_abort)):
+        p = ts.add_parser(action, parents=both, help=helptext)
+        data_dir(p)
+        p.add_argument("txn", metavar="TXN", help="transaction id, (tc,seq)")
+        p.set_defaults(run=run)
+
+    # subscriptions
+    t = sub.add_parser("subscriptions", help="list, describe or reset subscriptions")
+    ts = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = ts.add_parser("list", parents=both, help="subscriptions of every topic, or of TOPIC")
+    data_dir(p)
+    p.add_argument("topic", metavar="TOPIC", nargs="?")
+    p.set_defaults(run=admin.subscriptions_list)
+    p = ts.add_parser("describe", parents=both, help="a subscription's cursor per partition")
+    data_dir(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("subscription", metavar="SUBSCRIPTION")
+    p.set_defaults(run=admin.subscriptions_describe)
+    p = ts.add_parser("reset", parents=both, help="move a subscription's cursor")
+    data_dir(p)
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("subscription", metavar="SUBSCRIPTION")
+    p.add_argument("--to", required=True, metavar="POS", help="earliest, latest or an offset")
+    p.add_argument("--partition", type=_non_negative_int, help="only this partition (needed with an offset "
+                                                                "on a topic of several partitions)")
+    p.set_defaults(run=admin.subscriptions_reset)
+
+    p = sub.add_parser("stats", parents=both, help="every topic, partition, subscription and transaction counter")
+    data_dir(p)
+    p.set_defaults(run=admin.stats)
+
+    p = sub.add_parser("check", parents=both,
+                       help="verify every file of a data directory without changing it (exit 1 on problems)")
+    data_dir(p)
+    p.set_defaults(run=check.check)
+
+    p = sub.add_parser("bench", parents=both, help="run the benchmarks of bench/ and print their ratios")
+    p.add_argument("--bench-dir", help="the benchmarks' directory (default: ./bench or the source tree's)")
+    p.add_argument("--file", action="append", metavar="NAME",
+                   help="only bench/test_bench_NAME.py (repeatable): send, receive, txn, producers, reopen")
+    p.add_argument("-k", metavar="EXPR", help="only the benchmarks whose names match (pytest -k)")
+    p.add_argument("--reopen", action="store_true",
+                   help="include the reopen-after-SIGKILL benchmarks (they write ~2 GiB)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show pytest's output on stderr")
+    p.set_defaults(run=bench.bench)
+    return parser
+
+
+def _compat(argv: list) -> list:
+    """``txmq topics DIR`` (the command before ``topics`` had actions) lists."""
+    if len(argv) >= 2 and argv[0] == "topics" and argv[1] not in TOPIC_ACTIONS and not argv[1].startswith("-"):
+        return ["topics", "list", *argv[1:]]
+    return argv
+
+
+def main(argv=None) -> int:
+    argv = _compat(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "demo":
+            if args.messages < 10:
+                parser.error("--messages must be at least 10")
+            return demo(args.dir, args.messages, out=sys.stdout)
+        return args.run(args)
+    except SystemExit as e:             # argparse: --help (0) or a usage error (2)
+        return e.code if isinstance(e.code, int) else exits.USAGE
+    except exits.CliError as e:
+        return _fail(str(e), e.code)
+    except TxmqError as e:
+        err = exits.from_broker_error(e)
+        return _fail(str(err), err.code)
+    except KeyboardInterrupt:
+        print("txmq: interrupted", file=sys.stderr)
+        return exits.INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`txmq consume ... | head`): stop quietly, and
+        # keep the interpreter from complaining when it flushes stdout.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return exits.BROKEN_PIPE
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"txmq: error: {message}", file=sys.stderr)
+    return code

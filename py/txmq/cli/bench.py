@@ -1,0 +1,129 @@
+"""``txmq bench``: run the benchmarks of ``bench/`` and print their ratios.
+
+The benchmarks run in a subprocess, ``python -m pytest <bench> --benchmark-only``
+(pytest-benchmark), exactly as bench/README.md runs them; each comparison
+times txmq and its baseline in the same run, and ``bench/conftest.py``
+writes the medians and ratios to ``bench/results.json`` at the end of the
+session, which this command reads and prints. Goals are reported, never
+asserted, as in the suite itself.
+
+The reopen benchmarks (marker ``reopen``, ~2 GiB of writes) are left out
+unless ``--reopen``. ``TXMQ_DEBUG`` is dropped from the benchmarks'
+environment: its O(n) checks would skew every figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import txmq
+from txmq.cli import exits
+from txmq.cli.output import Progress, emit_json, table, wants_progress
+
+_COLLECTED = re.compile(r"collected (\d+) items?(?: / (\d+) deselected)?(?: / (\d+) selected)?")
+_RESULT = re.compile(r"^(\S+::\S+.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+
+
+def find_bench_dir(explicit: str | None) -> str:
+    """``--bench-dir``, else ``./bench``, else the ``bench/`` of the source
+    tree txmq is imported from (an editable install)."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__))))
+    candidates = [explicit] if explicit else [os.path.join(os.getcwd(), "bench"),
+                                              os.path.join(pkg_root, "bench")]
+    for c in candidates:
+        if c and os.path.isfile(os.path.join(c, "conftest.py")):
+            return os.path.abspath(c)
+    if explicit:
+        raise exits.CliError(f"{explicit} holds no benchmarks (no conftest.py): pass the project's bench/ "
+                             f"directory")
+    raise exits.CliError("no bench/ directory found: run from the txmq source tree or pass --bench-dir DIR")
+
+
+def bench(args) -> int:
+    bench_dir = find_bench_dir(args.bench_dir)
+    targets = []
+    for name in args.file or ():
+        path = os.path.join(bench_dir, name if name.endswith(".py") else f"test_bench_{name}.py")
+        if not os.path.isfile(path):
+            have = sorted(f[len("test_bench_"):-3] for f in os.listdir(bench_dir)
+                          if f.startswith("test_bench_") and f.endswith(".py"))
+            raise exits.CliError(f"no benchmark file {name!r} in {bench_dir}; the files are: {', '.join(have)}")
+        targets.append(path)
+    cmd = [sys.executable, "-m", "pytest", *(targets or [bench_dir]), "-v", "-p", "no:cacheprovider",
+           "--benchmark-only", "-o", "addopts=", "--color=no"]
+    if args.k:
+        cmd += ["-k", args.k]
+    if not args.reopen:
+        cmd += ["-m", "not reopen"]
+    env = dict(os.environ)
+    env.pop("TXMQ_DEBUG", None)
+    # The benchmarks must time the txmq this command runs.
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in [env.get("PYTHONPATH")] if p])
+    results_path = os.path.join(bench_dir, "results.json")
+    before = _mtime(results_path)
+    t0 = time.perf_counter()
+    code, log = _run(cmd, bench_dir, env, wants_progress(args.progress), args.verbose)
+    seconds = time.perf_counter() - t0
+    if code not in (0, 5):              # 5: pytest collected nothing
+        tail = "\n".join(log[-30:])
+        print(tail, file=sys.stderr)
+        raise exits.CliError(f"the benchmarks failed (pytest exit {code}); its output ends above", exits.PROBLEMS)
+    rows = []
+    if _mtime(results_path) != before:
+        with open(results_path) as f:
+            rows = json.load(f)["comparisons"]
+    if args.json:
+        emit_json({"bench_dir": bench_dir, "seconds": round(seconds, 1), "results": results_path,
+                   "comparisons": rows})
+        return exits.OK
+    if not rows:
+        print(f"no comparison completed in {seconds:.0f} s (each needs both of its sides selected; "
+              f"see `txmq bench --help` for the selection options)")
+        return exits.OK
+    table([dict(r, met="-" if r["met"] is None else "yes" if r["met"] else "NO") for r in rows],
+          [("comparison", "comparison"), ("txmq", "txmq"), ("baseline", "baseline"), ("ratio", "ratio"),
+           ("goal", "goal"), ("met", "met")])
+    print(f"\n{len(rows)} comparison(s) in {seconds:.0f} s; medians and rounds in {results_path}")
+    return exits.OK
+
+
+def _mtime(path: str):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _run(cmd, cwd, env, progress: bool, verbose: bool):
+    """Run pytest, drawing a bar over its tests; (exit code, output lines)."""
+    log = []
+    bar = Progress("bench", None, "tests", progress)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    try:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            log.append(line)
+            if verbose:
+                print(line, file=sys.stderr)
+            m = _COLLECTED.search(line)
+            if m:
+                bar.total = int(m.group(3) or m.group(1)) - (0 if m.group(3) else int(m.group(2) or 0))
+                bar.update(0)
+            m = _RESULT.match(line)
+            if m:
+                bar.update(1, m.group(1).split("::", 1)[1][:60])
+        code = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        bar.close()
+    return code, log

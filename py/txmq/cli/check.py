@@ -1,0 +1,544 @@
+"""``txmq check``: verify every file of a data directory, changing nothing.
+
+No broker is opened (opening recovers: it would cut torn tails and rewrite
+indexes, the very evidence this reports). Files are read with the same code
+the broker reads them with, in read-only mode: segments through the Cython
+``Segment`` (mapped read-only; its scan checks magic, lengths, CRC,
+offsets and the dense base offsets of every batch and never truncates when
+not writable), redo logs through ``_redolog.parse`` and the replay
+functions of ``_txn`` (coordinator, pending acks, producer registry), and
+the fixed-layout files through the ``struct`` layouts of
+``txmq.partition``. Formats: docs/FORMAT.md.
+
+Each problem names a file and the byte where it is, and is one of:
+
+- ``corrupt``: bytes that fail their checks; opening the directory would
+  cut the log or redo log there (or refuse the file), losing what follows;
+- ``repairable``: derived data (indexes, snapshots, recovery point) that is
+  wrong or missing; opening the directory rebuilds it from the log.
+
+Anything the broker does not write is listed as a note, not a problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from txmq._ackset import AckSet
+from txmq._log import FLAG, Segment, crc32c_of
+from txmq._producers import ProducerStates
+from txmq._redolog import FILE_HEADER, parse
+from txmq._txn import AbortSet, OngoingQueue, replay_coordinator, replay_pending, replay_registry
+from txmq.cli import exits, opening
+from txmq.cli.output import Progress, emit_json, size, wants_progress
+from txmq.errors import CorruptLogError
+from txmq.partition import (INDEX_ENTRY, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
+                            RECOVERY_POINT, RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION, SEGMENT_SUFFIX,
+                            TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY)
+from txmq.subscription import ISOLATIONS, POSITIONS, TYPES
+
+CORRUPT = "corrupt"
+REPAIRABLE = "repairable"
+REDO_HEADER_SIZE = len(FILE_HEADER)
+CURSOR_SNAPSHOT, CURSOR_ACK, CURSOR_MARK_DELETE, CURSOR_RESET, CURSOR_ACK_RANGE = 1, 2, 3, 4, 5
+MARKER_ABORT = FLAG["transactional"] | FLAG["control"] | FLAG["marker_abort"]
+
+
+@dataclass
+class Problem:
+    path: str
+    position: int
+    reason: str
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.path} at byte {self.position}: {self.reason} [{self.kind}]"
+
+
+class Report:
+    def __init__(self):
+        self.problems: list[Problem] = []
+        self.notes: list[str] = []
+        self.files = 0
+        self.bytes = 0
+
+    def problem(self, path: str, position: int, reason: str, kind: str = CORRUPT) -> None:
+        self.problems.append(Problem(path, int(position), reason, kind))
+
+
+def check(args) -> int:
+    opening.require_data_dir(args.dir)
+    t0 = time.perf_counter()
+    report = check_directory(args.dir, wants_progress(args.progress))
+    seconds = time.perf_counter() - t0
+    if args.json:
+        emit_json({"path": args.dir, "ok": not report.problems, "files": report.files,
+                   "bytes": report.bytes, "seconds": round(seconds, 3),
+                   "problems": [asdict(p) for p in report.problems], "notes": report.notes})
+    else:
+        for p in report.problems:
+            print(p)
+        for n in report.notes:
+            print(f"note: {n}")
+        verdict = (f"{len(report.problems)} problem(s)" if report.problems else "no problems")
+        print(f"checked {report.files:,} files ({size(report.bytes)}) in {seconds:.2f} s: {verdict}")
+    return exits.PROBLEMS if report.problems else exits.OK
+
+
+def check_directory(path: str, progress: bool = False) -> Report:
+    """Check every file under ``path``; read-only."""
+    report = Report()
+    holder = opening.lock_holder(path)
+    if holder is not None:
+        report.notes.append(f"process {holder} holds the directory: what it is writing now may show "
+                            f"as a torn tail")
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+                if os.path.isfile(os.path.join(d, f)))
+    bar = Progress(f"check {path}", total, "B", progress)
+    try:
+        checker = _Checker(path, report, bar)
+        checker.run()
+    finally:
+        bar.close()
+    return report
+
+
+class _Checker:
+    def __init__(self, root: str, report: Report, bar: Progress):
+        self.root = root
+        self.report = report
+        self.bar = bar
+
+    def _done(self, path: str) -> None:
+        try:
+            n = os.path.getsize(path)
+        except OSError:
+            n = 0
+        self.report.files += 1
+        self.report.bytes += n
+        self.bar.update(n, os.path.relpath(path, self.root))
+
+    def run(self) -> None:
+        # control.sock, staging/ and half/ belong to later work (DESIGN.md §5, §8).
+        known = {"LOCK", "topics", "subscriptions", "coordinator", "producers.log", "control.sock",
+                 "staging", "half"}
+        for name in sorted(os.listdir(self.root)):
+            if name not in known:
+                self.report.notes.append(f"{os.path.join(self.root, name)}: not a file txmq writes; not checked")
+        topics = {}
+        tdir = os.path.join(self.root, "topics")
+        for name in sorted(os.listdir(tdir)):
+            n = self._topic(os.path.join(tdir, name))
+            if n is not None:
+                topics[name] = n
+        sdir = os.path.join(self.root, "subscriptions")
+        for topic in sorted(os.listdir(sdir)) if os.path.isdir(sdir) else ():
+            for sub in sorted(os.listdir(os.path.join(sdir, topic))):
+                self._subscription(os.path.join(sdir, topic, sub), topics.get(topic))
+        cdir = os.path.join(self.root, "coordinator")
+        for name in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else ():
+            path = os.path.join(cdir, name)
+            if name.startswith("tc-") and name.endswith(".log"):
+                self._redo(path, _replayed(replay_coordinator, "coordinator frame"))
+            else:
+                self._note_unknown(path)
+        producers = os.path.join(self.root, "producers.log")
+        if os.path.exists(producers):
+            self._redo(producers, _replayed(replay_registry, "producer registry frame"))
+
+    def _note_unknown(self, path: str) -> None:
+        if path.endswith(".tmp") or path.endswith(".compact"):
+            self.report.notes.append(f"{path}: a temporary file a stopped write left; removed or "
+                                     f"replaced on the next open")
+        else:
+            self.report.notes.append(f"{path}: not a file txmq writes; not checked")
+
+    # -- topics and partitions ---------------------------------------------------------
+
+    def _topic(self, tdir: str):
+        meta = os.path.join(tdir, "topic.json")
+        if not os.path.exists(meta):
+            self.report.notes.append(f"{tdir}: no topic.json (a create or delete that stopped half "
+                                     f"way); the next open removes it")
+            return None
+        config = self._json(meta)
+        if config is None:
+            return None
+        n = config.get("partitions")
+        if type(n) is not int or n < 1:
+            self.report.problem(meta, 0, f"\"partitions\" is {n!r}, not an int >= 1")
+            return None
+        for entry in sorted(os.listdir(tdir)):
+            if entry != "topic.json" and not (entry.isdigit() and int(entry) < n):
+                self._note_unknown(os.path.join(tdir, entry))
+        for p in range(n):
+            pdir = os.path.join(tdir, str(p))
+            if not os.path.isdir(pdir):
+                self.report.problem(pdir, 0, "partition directory missing (the topic has "
+                                             f"{n} partitions)")
+                continue
+            self._partition(pdir)
+        return n
+
+    def _json(self, path: str):
+        self._done(path)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+            value = json.loads(raw)
+        except json.JSONDecodeError as e:
+            self.report.problem(path, len(e.doc[:e.pos].encode()), f"not valid JSON: {e.msg}")
+            return None
+        except (UnicodeDecodeError, ValueError) as e:
+            self.report.problem(path, 0, f"not valid JSON: {e}")
+            return None
+        if not isinstance(value, dict):
+            self.report.problem(path, 0, "not a JSON object")
+            return None
+        return value
+
+    def _partition(self, pdir: str) -> None:
+        names = sorted(os.listdir(pdir))
+        bases = sorted(int(n[:-len(SEGMENT_SUFFIX)]) for n in names
+                       if n.endswith(SEGMENT_SUFFIX) and n[:-len(SEGMENT_SUFFIX)].isdigit())
+        # readview (the writer's published positions for read-only readers)
+        # is rewritten by every open and not checked here.
+        known = {"recovery-point", "txnbuffer.snap", "producers.snap", "readview"}
+        for b in bases:
+            known |= {f"{b:020d}{s}" for s in (SEGMENT_SUFFIX, ".index", ".timeindex", ".txnindex")}
+        for n in names:
+            if n not in known:
+                self._note_unknown(os.path.join(pdir, n))
+        segments = {}                   # base -> (size, next_offset, damaged)
+        point = self._recovery_point(pdir, bases)
+        prev_end = None
+        for i, base in enumerate(bases):
+            path = os.path.join(pdir, f"{base:020d}{SEGMENT_SUFFIX}")
+            seg = Segment(path, base, 0, False)
+            try:
+                self._done(path)
+                if prev_end is not None and base != prev_end:
+                    self.report.problem(path, 0, f"segment starts at offset {base}, the previous one "
+                                                 f"ends at {prev_end}: offsets are not dense")
+                bad = seg.recover(0, base)
+                if bad is not None:
+                    later = len(bases) - i - 1
+                    self.report.problem(path, bad[0], f"{bad[1]}; opening cuts the log here"
+                                        + (f" and drops the {later} later segment(s)" if later else ""))
+                segments[base] = (seg.size, seg.next_offset, bad is not None)
+                self._indexes(pdir, seg, bad is not None)
+                if point is not None and point[0] == base:
+                    self._recovery_point_in(pdir, point, seg, bad is not None)
+                prev_end = seg.next_offset
+            finally:
+                seg.close(False)
+        # A log with damage ends early: a snapshot past that end is its
+        # consequence, already reported with the damage.
+        start = bases[0] if bases else 0
+        end = None if any(d for _, _, d in segments.values()) else (prev_end or 0)
+        self._snapshot(os.path.join(pdir, "txnbuffer.snap"), TXNBUF_MAGIC, TXNBUF_VERSION, TXNBUF_HEAD,
+                       _txn_tables, start, end)
+        self._snapshot(os.path.join(pdir, "producers.snap"), PRODUCERS_MAGIC, PRODUCERS_VERSION,
+                       PRODUCERS_HEAD, _producer_table, start, end)
+
+    def _entries(self, path: str, entry_size: int):
+        """The whole entries of an index-like file, or None when it is
+        missing (reported); a torn last entry is reported."""
+        if not os.path.exists(path):
+            self.report.problem(path, 0, "missing; rebuilt from the segment on the next open", REPAIRABLE)
+            return None
+        self._done(path)
+        with open(path, "rb") as f:
+            raw = f.read()
+        whole = len(raw) - len(raw) % entry_size
+        if whole != len(raw):
+            self.report.problem(path, whole, f"torn last entry ({len(raw) - whole} of {entry_size} bytes)",
+                                REPAIRABLE)
+        return raw[:whole]
+
+    def _indexes(self, pdir: str, seg: Segment, damaged: bool) -> None:
+        stem = os.path.join(pdir, f"{seg.base_offset:020d}")
+        raw = self._entries(stem + ".index", INDEX_ENTRY.itemsize)
+        if raw is not None:
+            self._offset_index(stem + ".index", np.frombuffer(raw, INDEX_ENTRY), seg, damaged)
+        raw = self._entries(stem + ".timeindex", INDEX_ENTRY.itemsize)
+        if raw is not None:
+            self._time_index(stem + ".timeindex", np.frombuffer(raw, INDEX_ENTRY), seg, damaged)
+        raw = self._entries(stem + ".txnindex", TXNINDEX_ENTRY.size)
+        if raw is not None:
+            self._txn_index(stem + ".txnindex", raw, seg, damaged)
+
+    def _batch_base(self, seg: Segment, offset: int):
+        """(position, batch info) of the batch starting at ``offset``, or None."""
+        if not seg.base_offset <= offset < seg.next_offset:
+            return None
+        try:
+            pos = seg.locate(offset)
+            info = seg.batch_at(pos) if pos >= 0 else None
+        except CorruptLogError:
+            return None
+        if info is None or info.base_offset != offset:
+            return None
+        return pos, info
+
+    def _offset_index(self, path: str, entries, seg: Segment, damaged: bool) -> None:
+        prev = None
+        for i, (off, pos) in enumerate(zip(entries["a"].tolist(), entries["b"].tolist())):
+            if damaged and (pos >= seg.size or off >= seg.next_offset):
+                break                   # past the damage already reported in the segment
+            if prev is not None and not (off > prev[0] and pos > prev[1]):
+                self.report.problem(path, i * 16, f"entry (offset {off}, position {pos}) does not "
+                                                  f"increase on the one before {prev}", REPAIRABLE)
+                return
+            found = self._batch_base(seg, off)
+            if found is None or found[0] != pos:
+                where = "past the last batch" if pos >= seg.size else "away from the batch of that offset"
+                self.report.problem(path, i * 16, f"entry (offset {off}, position {pos}) points {where} "
+                                                  f"of {os.path.basename(seg.path)}", REPAIRABLE)
+                return
+            prev = (off, pos)
+
+    def _time_index(self, path: str, entries, seg: Segment, damaged: bool) -> None:
+        prev = None
+        for i, (ts, off) in enumerate(zip(entries["a"].tolist(), entries["b"].tolist())):
+            if damaged and off >= seg.next_offset:
+                break
+            if prev is not None and not (ts > prev[0] and off >= prev[1]):
+                self.report.problem(path, i * 16, f"entry (time {ts}, offset {off}) does not increase "
+                                                  f"on the one before {prev}", REPAIRABLE)
+                return
+            found = self._batch_base(seg, off)
+            if found is None or found[1].publish_time != ts:
+                self.report.problem(path, i * 16, f"entry (time {ts}, offset {off}) names no batch "
+                                                  f"published at that time in {os.path.basename(seg.path)}",
+                                    REPAIRABLE)
+                return
+            prev = (ts, off)
+
+    def _txn_index(self, path: str, raw: bytes, seg: Segment, damaged: bool) -> None:
+        size_ = TXNINDEX_ENTRY.size
+        for i in range(len(raw) // size_):
+            chunk = raw[i * size_:(i + 1) * size_]
+            hi, lo, _pid, first, marker, crc = TXNINDEX_ENTRY.unpack(chunk)
+            if crc != crc32c_of(chunk[:40]):
+                self.report.problem(path, i * size_, "entry fails its CRC", REPAIRABLE)
+                return
+            if damaged and marker >= seg.next_offset:
+                return
+            found = self._batch_base(seg, marker)
+            info = found and found[1]
+            if (not info or info.flags & MARKER_ABORT != MARKER_ABORT
+                    or (info.txn_hi, info.txn_lo) != (hi, lo) or first > marker):
+                self.report.problem(path, i * size_, f"entry (first offset {first}, marker {marker}) does "
+                                                     f"not name an ABORT marker of its transaction in "
+                                                     f"{os.path.basename(seg.path)}", REPAIRABLE)
+                return
+
+    def _recovery_point(self, pdir: str, bases: list):
+        """(segment base, position, next offset) of a sound recovery point,
+        else None (a missing or damaged one is reported)."""
+        path = os.path.join(pdir, "recovery-point")
+        if not os.path.exists(path):
+            self.report.problem(path, 0, "missing; the next open scans every segment", REPAIRABLE)
+            return None
+        self._done(path)
+        with open(path, "rb") as f:
+            raw = f.read()
+        if len(raw) < RECOVERY_POINT.size:
+            self.report.problem(path, len(raw), f"{len(raw)} bytes, expected {RECOVERY_POINT.size}", REPAIRABLE)
+            return None
+        magic, version, base, pos, next_offset, crc = RECOVERY_POINT.unpack_from(raw)
+        if magic != RECOVERY_POINT_MAGIC:
+            self.report.problem(path, 0, f"bad magic {magic!r}", REPAIRABLE)
+        elif version != RECOVERY_POINT_VERSION:
+            self.report.problem(path, 4, f"unknown version {version}", REPAIRABLE)
+        elif crc != crc32c_of(raw[:32]):
+            self.report.problem(path, 32, "CRC mismatch", REPAIRABLE)
+        elif base not in bases:
+            self.report.problem(path, 8, f"names segment {base}, which does not exist", REPAIRABLE)
+        else:
+            return base, pos, next_offset
+        return None
+
+    def _recovery_point_in(self, pdir: str, point: tuple, seg: Segment, damaged: bool) -> None:
+        """The recovery point's position is a batch boundary of its segment
+        where its next offset starts (or the segment's end)."""
+        base, pos, next_offset = point
+        if damaged and pos > seg.size:
+            return                      # the segment's damage is reported; the open rescans
+        if pos == seg.size:
+            ok = next_offset == seg.next_offset
+        else:
+            found = self._batch_base(seg, next_offset)
+            ok = found is not None and found[0] == pos
+        if not ok:
+            self.report.problem(os.path.join(pdir, "recovery-point"), 16,
+                                f"claims segment {base} checked to byte {pos}, where offset {next_offset} "
+                                f"starts; its batches say otherwise (they end at byte {seg.size}, "
+                                f"offset {seg.next_offset})", REPAIRABLE)
+
+    def _snapshot(self, path: str, magic: bytes, version: int, head, parse_tables, start: int, end):
+        if not os.path.exists(path):
+            self.report.problem(path, 0, "missing; rebuilt from the log on the next open", REPAIRABLE)
+            return
+        self._done(path)
+        with open(path, "rb") as f:
+            raw = f.read()
+        if len(raw) < head.size + 8:
+            self.report.problem(path, len(raw), "shorter than its header and CRC", REPAIRABLE)
+            return
+        if int.from_bytes(raw[-4:], "little") != crc32c_of(raw[:-4]):
+            self.report.problem(path, len(raw) - 4, "CRC mismatch; the next open rebuilds it from the log",
+                                REPAIRABLE)
+            return
+        fields = head.unpack_from(raw)
+        if fields[0] != magic:
+            self.report.problem(path, 0, f"bad magic {fields[0]!r}", REPAIRABLE)
+            return
+        if fields[1] != version:
+            self.report.problem(path, 4, f"unknown version {fields[1]}", REPAIRABLE)
+            return
+        try:
+            parse_tables(raw[head.size:-4])
+        except (ValueError, OverflowError) as e:
+            self.report.problem(path, head.size, f"tables do not parse: {e}", REPAIRABLE)
+            return
+        if end is not None and not start <= fields[-1] <= end:
+            self.report.problem(path, head.size - 8, f"taken at offset {fields[-1]}, outside the log "
+                                                     f"[{start}, {end}]; the next open rebuilds it", REPAIRABLE)
+
+    # -- redo logs -----------------------------------------------------------------------
+
+    def _subscription(self, sdir: str, partitions) -> None:
+        if partitions is None:
+            self.report.notes.append(f"{sdir}: subscription of a topic that does not exist; not checked")
+            return
+        meta = os.path.join(sdir, "subscription.json")
+        if not os.path.exists(meta):
+            self.report.notes.append(f"{sdir}: no subscription.json (a create that stopped half way); "
+                                     f"the next open removes it")
+            return
+        config = self._json(meta)
+        if config is not None:
+            for key, allowed in (("type", TYPES), ("isolation", ISOLATIONS), ("initial_position", POSITIONS)):
+                if config.get(key) not in allowed:
+                    self.report.problem(meta, 0, f"\"{key}\" is {config.get(key)!r}, not one of "
+                                                 f"{', '.join(allowed)}")
+        for name in sorted(os.listdir(sdir)):
+            path = os.path.join(sdir, name)
+            if name == "subscription.json":
+                continue
+            if name.startswith("cursor-") and name.endswith(".log"):
+                self._redo(path, _cursor_frames)
+            elif name.startswith("pending-") and name.endswith(".log"):
+                self._redo(path, _replayed(replay_pending, "pending-ack frame"))
+            else:
+                self._note_unknown(path)
+
+    def _redo(self, path: str, validate) -> None:
+        """A framed redo log: file header, every frame's length and CRC,
+        then what its frames say (``validate(frames)`` -> (position, reason)
+        of the first bad one, or None)."""
+        self._done(path)
+        with open(path, "rb") as f:
+            data = f.read()
+        if not data:
+            return                      # created, header not yet written: opening writes it
+        if len(data) < REDO_HEADER_SIZE:
+            self.report.problem(path, 0, f"torn file header ({len(data)} bytes)")
+            return
+        if data[:4] != FILE_HEADER[:4]:
+            self.report.problem(path, 0, f"bad redo-log magic {data[:4].hex()}; the broker refuses the file")
+            return
+        if data[4] != FILE_HEADER[4]:
+            self.report.problem(path, 4, f"unknown redo-log version {data[4]}; the broker refuses the file")
+            return
+        frames, end, reason = parse(data)
+        if reason is not None:
+            self.report.problem(path, end, f"{reason}; opening cuts the log here ({len(data) - end:,} "
+                                           f"bytes, the frames from here on, are dropped)")
+        bad = validate(frames)
+        if bad is not None:
+            self.report.problem(path, bad[0], f"{bad[1]}; the broker refuses the file")
+
+
+def _replayed(replay, what: str):
+    """A validator that runs ``replay`` over the frames and, when it fails,
+    finds the first frame it fails on (replay is a fold: a prefix that
+    fails makes every longer prefix fail, so bisect)."""
+
+    def validate(frames):
+        pairs = [(t, payload) for t, payload, _ in frames]
+        if _fails(replay, pairs) is None:
+            return None
+        lo, hi = 1, len(pairs)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _fails(replay, pairs[:mid]) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        return frames[lo - 1][2], f"{what} of type {frames[lo - 1][0]}: {_fails(replay, pairs[:lo])}"
+
+    return validate
+
+
+def _fails(replay, pairs):
+    try:
+        replay(pairs)
+    except (ValueError, OverflowError) as e:
+        return str(e) or type(e).__name__
+    return None
+
+
+def _cursor_frames(frames):
+    """Cursor frames (docs/FORMAT.md): each payload has its type's size."""
+    for kind, payload, pos in frames:
+        n = len(payload)
+        reason = None
+        if kind == CURSOR_SNAPSHOT:
+            if n < 8:
+                reason = f"snapshot of {n} bytes, shorter than its mark-delete"
+            else:
+                try:
+                    AckSet.from_bytes(payload[8:])
+                except ValueError as e:
+                    reason = f"snapshot ack set: {e}"
+        elif kind == CURSOR_ACK:
+            count = int.from_bytes(payload[:4], "little") if n >= 4 else -1
+            if count < 0 or n != 4 + 8 * count:
+                reason = f"ack frame of {n} bytes does not hold its count of offsets"
+        elif kind in (CURSOR_MARK_DELETE, CURSOR_RESET):
+            if n != 8:
+                reason = f"frame of {n} bytes, expected 8"
+        elif kind == CURSOR_ACK_RANGE:
+            if n != 16:
+                reason = f"ack range of {n} bytes, expected 16"
+            else:
+                start, end = struct.unpack("<qq", payload)
+                if start > end:
+                    reason = "ack range ends before it starts"
+        else:
+            reason = f"unknown cursor frame type {kind}"
+        if reason is not None:
+            return pos, f"cursor frame: {reason}"
+    return None
+
+
+def _txn_tables(body: bytes) -> None:
+    _, n = OngoingQueue.from_bytes(body)
+    _, m = AbortSet.from_bytes(body[n:])
+    if n + m != len(body):
+        raise ValueError(f"{len(body) - n - m} stray bytes after the tables")
+
+
+def _producer_table(body: bytes) -> None:
+    _, n = ProducerStates.from_bytes(body)
+    if n != len(body):
+        raise ValueError(f"{len(body) - n} stray bytes after the producer table")
