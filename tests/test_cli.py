@@ -671,3 +671,30 @@ def test_console_script(tmp_path):
     assert r.returncode == 0 and r.stdout.endswith(b": no problems\n")
     r = sh("--help")
     assert r.returncode == 0 and b"exit codes:" in r.stdout
+
+
+def test_check_half_messages(capsys, tmp_path):
+    """The half log, its redo log and the state table: a clean store passes;
+    a scribbled state record is reported (repairable) where it is."""
+    from txmq import LocalTransactionState as S
+    path = str(tmp_path / "half")
+    with txmq.Broker(path, fsync="never") as b:
+        b.create_topic("t")
+        hp = b.half_producer("t", "g")
+        for i in range(20):
+            hp.send_in_transaction(b"%d" % i, lambda m, a, i=i: (S.COMMIT, S.ROLLBACK, S.UNKNOWN)[i % 3])
+    code, problems = _problems(capsys, path)
+    assert code == 0 and problems == []
+    table = os.path.join(path, "half", "statetable")
+    with open(table, "r+b") as f:
+        f.seek(64 + 5 * 28 + 20)                  # the state of half message 5
+        f.write(struct.pack("<i", 3))
+    before = _tree(path)
+    code, problems = _problems(capsys, path)
+    assert code == exits.PROBLEMS and _tree(path) == before
+    assert problems == [(table, 64 + 5 * 28, "state record of half message 5 differs from the redo log; "
+                                             "rebuilt on the next open", "repairable")]
+    redo = os.path.join(path, "half", "redo.log")
+    _flip(redo, os.path.getsize(redo) - 3)
+    code, problems = _problems(capsys, path)
+    assert any(p[0] == redo and "CRC" in p[2] for p in problems)

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from txmq import _half
 from txmq._ackset import AckSet
 from txmq._log import FLAG, Segment, crc32c_of
 from txmq._producers import ProducerStates
@@ -125,7 +126,7 @@ class _Checker:
         self.bar.update(n, os.path.relpath(path, self.root))
 
     def run(self) -> None:
-        # control.sock, staging/ and half/ belong to later work (DESIGN.md §5, §8).
+        # control.sock and staging/ belong to later work (DESIGN.md §8).
         known = {"LOCK", "topics", "subscriptions", "coordinator", "producers.log", "control.sock",
                  "staging", "half"}
         for name in sorted(os.listdir(self.root)):
@@ -151,6 +152,54 @@ class _Checker:
         producers = os.path.join(self.root, "producers.log")
         if os.path.exists(producers):
             self._redo(producers, _replayed(replay_registry, "producer registry frame"))
+        hdir = os.path.join(self.root, "half")
+        if os.path.isdir(hdir):
+            self._half(hdir)
+
+    def _half(self, hdir: str) -> None:
+        """The half messages: their log (a partition), the redo log of their
+        state records, and the state table against what that log rebuilds."""
+        for name in sorted(os.listdir(hdir)):
+            if name not in ("log", "redo.log", "statetable"):
+                self._note_unknown(os.path.join(hdir, name))
+        ldir = os.path.join(hdir, "log", "0")
+        if os.path.isdir(ldir):
+            self._partition(ldir)
+        redo = os.path.join(hdir, "redo.log")
+        if not os.path.exists(redo):
+            return
+        self._redo(redo, _replayed(_half.replay, "half-message redo frame"))
+        with open(redo, "rb") as f:
+            data = f.read()
+        frames = parse(data)[0] if data[:4] == FILE_HEADER[:4] else []
+        last = max([i for i, f in enumerate(frames) if f[0] == 1], default=0)
+        try:
+            base, records, _, _, _ = _half.replay([(t, p) for t, p, _ in frames[last:]])
+        except (ValueError, OverflowError):
+            return                      # reported with the redo log
+        table = os.path.join(hdir, "statetable")
+        if not os.path.exists(table):
+            self.report.problem(table, 0, "missing; rebuilt from the redo log on the next open", REPAIRABLE)
+            return
+        self._done(table)
+        if _half.read_header(table) != base:
+            self.report.problem(table, 0, f"header is not a state table's starting at half id {base}; "
+                                          f"rebuilt from the redo log on the next open", REPAIRABLE)
+            return
+        with open(table, "rb") as f:
+            f.seek(_half.HEADER_SIZE)
+            raw = f.read(len(records))
+        got = np.frombuffer(raw[:len(raw) // _half.RECORD_SIZE * _half.RECORD_SIZE], np.uint8)
+        want = np.frombuffer(bytes(records), np.uint8)[:len(got)]
+        differ = np.flatnonzero((got.reshape(-1, _half.RECORD_SIZE) != want.reshape(-1, _half.RECORD_SIZE))
+                                .any(axis=1)) if len(got) else []
+        for i in differ[:10]:
+            self.report.problem(table, _half.HEADER_SIZE + int(i) * _half.RECORD_SIZE,
+                                f"state record of half message {base + int(i)} differs from the redo log; "
+                                f"rebuilt on the next open", REPAIRABLE)
+        if len(differ) > 10:
+            self.report.problem(table, _half.HEADER_SIZE, f"{len(differ) - 10} more state records differ "
+                                                          f"from the redo log", REPAIRABLE)
 
     def _note_unknown(self, path: str) -> None:
         if path.endswith(".tmp") or path.endswith(".compact"):
