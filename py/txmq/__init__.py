@@ -15,6 +15,7 @@ from txmq.producer import Producer
 from txmq.transaction import Transaction
 from txmq.transactional import TransactionalProducer
 from txmq.txn import TxnID, TxnState
+from txmq import functions  # noqa: F401  (exactly-once functions: txmq.functions.Function)
 
 __all__ = ["AbortedTransaction", "Broker", "Consumer", "HalfProducer", "HalfSendResult", "LocalTransactionState",
            "Message", "MessageId", "MessageIds", "Producer",
