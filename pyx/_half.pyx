@@ -20,7 +20,9 @@ the redo log (the shared framed format of ``_redolog``)::
     RECORD  2  i64 index, the 28-byte record, i32 partition, i32 sequence
                (the intent of a COMMITTING / DISCARDING record: where the
                message goes and the idempotent sequence it goes with; -1, -1
-               otherwise), i32 check immunity in ms (-1: the broker's)
+               otherwise), i32 check immunity in ms (-1: the broker's, or
+               the one given before). A record's own immunity lasts until
+               it is resolved (COMMITTED, ROLLED_BACK, DISCARDED).
     UPDATE  3  n x (i64 index, i32 state, i32 check_count)
     GROUP   4  i64 producer id, u16 + topic, u16 + group (UTF-8)
     SNAPSHOT 1 u8 version 1, i64 base, i64 end, the records [base, end),
@@ -114,6 +116,7 @@ cdef class StateTable:
 
     def __cinit__(self):
         self.fd = -1
+        self.data = NULL
         self.prepared = NULL
         self.prepared_words = 0
 
@@ -140,6 +143,14 @@ cdef class StateTable:
             os.pwrite(self.fd, bytes(header), 0)
         self._map(max(end - base, 1))
         self.end = end
+        self._mark_all()
+
+    cdef _mark_all(self):
+        """Derive the PREPARED bits from the records."""
+        cdef Py_ssize_t i
+        memset(self.prepared, 0, self.prepared_words * sizeof(uint64_t))
+        for i in range(self.end - self.base):
+            self.mark(i, (<StateRecord *>(self.data + i * REC)).state)
 
     cdef _map(self, int64_t need):
         cdef int64_t cap = max(need + GROW_RECORDS, 2 * self.capacity)
@@ -160,12 +171,16 @@ cdef class StateTable:
         self.capacity = cap
 
     cdef inline StateRecord *at(self, int64_t index) except NULL:
+        if self.data == NULL:
+            raise ValueError(f"state table {self.path} is closed")
         if index < self.base or index >= self.end:
             raise IndexError(f"half message {index} is not in the state table [{self.base}, {self.end})")
         return <StateRecord *>(self.data + (index - self.base) * REC)
 
     def extend(self, int64_t end):
         """Make room for records up to ``end`` (new ones EMPTY)."""
+        if self.data == NULL:
+            raise ValueError(f"state table {self.path} is closed")
         if end > self.base + self.capacity:
             self._map(end - self.base)
         if end > self.end:
@@ -216,6 +231,8 @@ cdef class StateTable:
         cdef int64_t i
         cdef uint64_t bits
         cdef const StateRecord *r = <const StateRecord *>self.data
+        if r == NULL:
+            n = words = 0
         out = np.empty(cap, np.int64)
         cdef int64_t[::1] found = out
         w = 0
@@ -255,10 +272,14 @@ cdef class StateTable:
 
     def records(self):
         """A numpy view (RECORD_DTYPE) of the records [base, end)."""
+        if self.data == NULL:
+            raise ValueError(f"state table {self.path} is closed")
         return np.frombuffer(self.mapping, RECORD_DTYPE, self.end - self.base, HEADER_SIZE)
 
     def raw(self, int64_t start, int64_t stop):
         """The bytes of records [start, stop)."""
+        if self.data == NULL:
+            raise ValueError(f"state table {self.path} is closed")
         start = max(start, self.base)
         stop = min(stop, self.end)
         if stop <= start:
@@ -282,9 +303,7 @@ cdef class StateTable:
                 memset(self.data + i * REC, 0, REC)
                 if i < self.end - self.base:
                     differed += 1
-        memset(self.prepared, 0, self.prepared_words * sizeof(uint64_t))
-        for i in range(n):
-            self.mark(i, (<StateRecord *>(self.data + i * REC)).state)
+        self._mark_all()
         return differed
 
     def sync(self):
@@ -292,6 +311,8 @@ cdef class StateTable:
 
     def close(self):
         if self.fd >= 0:
+            self.data = NULL            # every call after this raises, none reads freed memory
+            self.end = self.base
             self.buf = None
             self.mapping.close()
             os.close(self.fd)
@@ -476,7 +497,10 @@ def replay(frames, int64_t base=0):
             else:
                 intents.pop(index, None)
             imm = load_i32(q + 44)
-            if imm >= 0:
+            state = load_i32(q + 8 + 20)
+            if state == COMMITTED or state == ROLLED_BACK or state == DISCARDED:
+                immunities.pop(index, None)
+            elif imm >= 0:
                 immunities[index] = imm
         elif ftype == F_UPDATE:
             if c.n % UPDATE_ENTRY_SIZE:
@@ -495,6 +519,8 @@ def replay(frames, int64_t base=0):
                 r.check_count = load_i32(q + 12)
                 if state != COMMITTING and state != DISCARDING:
                     intents.pop(index, None)
+                if state == COMMITTED or state == ROLLED_BACK or state == DISCARDED:
+                    immunities.pop(index, None)
         elif ftype == F_GROUP:
             _group(c, groups)
             c.done()

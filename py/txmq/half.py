@@ -53,7 +53,7 @@ from txmq._log import BatchSpec, Message, crc32c_of
 from txmq._partitioner import partition_for
 from txmq._redolog import RedoLog, sync_dir
 from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, InvalidArgumentError,
-                         InvalidHalfStateError, OutOfOrderSequenceError)
+                         InvalidHalfStateError, OutOfOrderSequenceError, TxmqError)
 from txmq.message import MessageId
 from txmq.partition import Partition
 
@@ -114,7 +114,8 @@ class HalfStore:
         self.stats_counts = {"checks": 0, "discarded": 0, "committed": 0, "rolled_back": 0,
                              "recommitted_on_open": 0, "found_on_open": 0, "table_records_rebuilt_on_open": 0}
         self._checkers: dict[int, list] = {}      # group hash -> live HalfProducers with a checker
-        self._settle: list[int] = []               # COMMITTING / DISCARDING records appended
+        self._settle: list = []                    # (half id, partition): COMMITTING / DISCARDING, appended
+        self.closed = False
         self._rr = 0
         os.makedirs(path, exist_ok=True)
         self.log = Partition(os.path.join(path, "log", "0"), HALF_TOPIC, 0, **partition_options)
@@ -240,7 +241,12 @@ class HalfStore:
         self.redo.append(F_RECORD, _half.record_frame(index, index, size, store_s, ghash, state, checks,
                                                       partition, sequence, immunity_ms))
         self.table.put(index, index, size, store_s, ghash, state, checks)
-        if immunity_ms >= 0:
+        # (the rules of _half.replay)
+        if partition < 0:
+            self.intents.pop(index, None)
+        if state in (COMMITTED, ROLLED_BACK, DISCARDED):
+            self.immunities.pop(index, None)
+        elif immunity_ms >= 0:
             self.immunities[index] = immunity_ms
 
     def record_new(self, index: int, size: int, store_s: int, ghash: int, immunity_ms: int) -> None:
@@ -249,6 +255,7 @@ class HalfStore:
         half message is recorded after it, with the outcome: a crash in
         between leaves it without a record, and opening finds it.)"""
         with self.lock:
+            self._check_open()
             self._record(index, PREPARED, size, store_s, ghash, 0, immunity_ms=immunity_ms)
 
     def end(self, index: int, state: LocalTransactionState, *, new=None, spec=None, key=None, topic=None,
@@ -265,19 +272,20 @@ class HalfStore:
         meanwhile. Ending a half message again the same way does nothing;
         the other way raises :class:`InvalidHalfStateError`."""
         with self.lock:
+            self._check_open()
             if new is not None and (index >= self.table.end or self.table.state_of(index) == EMPTY):
                 size, store_s, ghash = new
                 checks = 0
             else:
                 _, size, store_s, ghash, current, checks = self._get(index)
+                if expect_checks is not None and (current != PREPARED or checks != expect_checks):
+                    return None        # a check's answer, overtaken by an end or another check
                 if current != PREPARED:
                     done = {LocalTransactionState.COMMIT: (COMMITTING, COMMITTED),
                             LocalTransactionState.ROLLBACK: (ROLLED_BACK,)}.get(state, ())
                     if current in done or state is LocalTransactionState.UNKNOWN:
                         return None
                     raise InvalidHalfStateError(index, STATE_NAMES[current], state.value)
-                if expect_checks is not None and checks != expect_checks:
-                    return None
                 if state is LocalTransactionState.UNKNOWN:
                     return None
                 new = None
@@ -286,7 +294,6 @@ class HalfStore:
                 return None
             if state is LocalTransactionState.ROLLBACK:
                 self._record(index, ROLLED_BACK, size, store_s, ghash, checks)
-                self.immunities.pop(index, None)
                 self.stats_counts["rolled_back"] += 1
                 return None
             if spec is None:
@@ -309,6 +316,7 @@ class HalfStore:
         """:meth:`end` with COMMIT for a half message just stored, whose
         local transaction committed (the hot path of send_in_transaction)."""
         with self.lock:
+            self._check_open()
             t = self.broker._topics.get(topic)
             if t is None or (index < self.table.end and self.table.state_of(index) != EMPTY):
                 return self.end(index, LocalTransactionState.COMMIT, new=(size, store_s, ghash), spec=spec,
@@ -338,13 +346,27 @@ class HalfStore:
             self.redo.sync()
         if crashpoints.ARMED:
             crashpoints.reached("half.committing" if state == COMMITTING else "half.discarding")
-        offset = self._append(p, spec, producer_id, seq)
+        try:
+            offset = self._append(p, spec, producer_id, seq)
+        except BaseException:
+            # Not appended: back to PREPARED (check-back or a later end
+            # commits it), so its sequence is not taken for another message's.
+            try:
+                self._record(index, PREPARED, size, store_s, ghash, checks)
+            except BaseException:
+                self.closed = True    # the record may still say COMMITTING: nothing more until reopened
+                raise
+            raise
         if crashpoints.ARMED:
             crashpoints.reached("half.appended")
-        self._settle.append(index)
+        self._settle.append((index, p))
         if len(self._settle) >= SETTLE_BATCH:
             self._flush_settle()
         return offset
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise BrokerClosedError(f"half messages of {os.path.dirname(self.path)} are closed")
 
     def _get(self, index: int):
         if not self.table.base <= index < self.table.end:
@@ -382,16 +404,22 @@ class HalfStore:
                 self._discard(index)
                 return
             t = self._check_max_topic()
-        self._append(t.partitions[part], spec, pid, seq)
-        self._settle.append(index)
+        p = t.partitions[part]
+        self._append(p, spec, pid, seq)
+        self._settle.append((index, p))
 
     def _flush_settle(self) -> None:
         """COMMITTING -> COMMITTED and DISCARDING -> DISCARDED for every
         record whose message is appended: one UPDATE frame (lock held)."""
         if not self._settle:
             return
+        if self.fsync != "never":
+            # The frame forgets the intents: the messages must be durable
+            # first, or a power loss leaves COMMITTED with no message.
+            for p in {id(p): p for _, p in self._settle}.values():
+                p.sync_to(p.end_offset)
         updates = []
-        for index in self._settle:
+        for index, _ in self._settle:
             _, _, _, _, state, checks = self.table.get(index)
             updates.append((index, COMMITTED if state == COMMITTING else DISCARDED, checks))
         self._settle = []
@@ -401,16 +429,17 @@ class HalfStore:
         self.redo.append(F_UPDATE, _half.update_frame(updates))
         for index, state, checks in updates:
             self.table.set_state(index, state, checks)
-            if state != PREPARED:
+            if state != COMMITTING and state != DISCARDING:   # the rules of _half.replay
                 self.intents.pop(index, None)
-                if state in (COMMITTED, ROLLED_BACK, DISCARDED):
-                    self.immunities.pop(index, None)
+            if state in (COMMITTED, ROLLED_BACK, DISCARDED):
+                self.immunities.pop(index, None)
 
     # -- check-back ------------------------------------------------------------------
 
     def due(self, now: float) -> list:
         """Half ids of PREPARED messages old enough to check, oldest first."""
         with self.lock:
+            self._check_open()
             self._flush_settle()
             # store_time is whole seconds: stored at most 1 s after it, so
             # never check before the immunity has surely passed.
@@ -435,6 +464,7 @@ class HalfStore:
         now = self.clock() if now is None else now
         asks = []
         with self.lock:
+            self._check_open()
             counts = []
             for index in self.due(now):
                 _, _, _, ghash, state, checks = self.table.get(index)
@@ -464,6 +494,9 @@ class HalfStore:
                     self.end(index, answer, expect_checks=checks)
                 except BrokerClosedError:
                     return len(asks)
+                except TxmqError:
+                    # (a failed append: the message stays PREPARED and is checked again)
+                    log.exception("check-back of half message %d could not end it", index)
         return len(asks)
 
     def _check_max_topic(self):
@@ -492,6 +525,7 @@ class HalfStore:
         """Check DISCARDED half messages again from a check count of 0 (all
         of them, or those of ``half_ids``); return the half ids resumed."""
         with self.lock:
+            self._check_open()
             recs = self.table.records()
             found = (np.flatnonzero(recs["state"] == DISCARDED) + self.table.base).tolist()
             if half_ids is not None:
@@ -517,6 +551,7 @@ class HalfStore:
         records it describes."""
         now = self.clock() if now is None else now
         with self.lock:
+            self._check_open()
             self._flush_settle()
             recs = self.table.records()
             done = np.isin(recs["state"], (COMMITTED, ROLLED_BACK, DISCARDED)) & (
@@ -555,6 +590,7 @@ class HalfStore:
         """Half messages by state, the oldest PREPARED one's age (s), checks
         sent, discards, and what opening found."""
         with self.lock:
+            self._check_open()
             recs = self.table.records()
             counts = _half.count_states(recs)
             prepared = recs["store_time"][recs["state"] == PREPARED]
@@ -577,6 +613,7 @@ class HalfStore:
 
     def close(self) -> None:
         with self.lock:
+            self.closed = True
             if self.table is not None and not self.redo.closed:
                 try:
                     self._flush_settle()
