@@ -16,6 +16,10 @@ Files in ``<data>/topics/<topic>/<p>/`` (docs/FORMAT.md has the bytes):
 - ``<base>.txnindex``: the aborted transactions whose ABORT marker is in
   that segment, as (producer id, first offset, marker offset), Kafka's
   .txnindex: what :meth:`Partition.aborted_transactions` answers from.
+- ``readview``: what another process may read without the lock (DESIGN.md
+  §8, ``txmq.readonly``): log start, log end, max_read_position, the
+  active segment's base and size. Published under the partition lock after
+  the bytes (and the .txnindex entry of an abort) it vouches for.
 
 The transaction buffer (DESIGN.md §3): ``ongoing`` holds the open
 transactions with data here in order of their first offset, and its head is
@@ -47,6 +51,7 @@ import numpy as np
 
 from txmq._log import FLAG, BatchSpec, Segment, SegmentClosedError, crc32c_of
 from txmq._producers import DUPLICATE, FENCED, OUT_OF_ORDER, ProducerStates
+from txmq._readview import ReadViewWriter
 from txmq._redolog import sync_dir
 from txmq._txn import AbortSet, OngoingQueue
 from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, MessageTooLargeError,
@@ -97,6 +102,22 @@ TXNINDEX_ENTRY = struct.Struct("<QQqqqI4x")
 assert TXNINDEX_ENTRY.size == 48
 
 DEFAULT_PRODUCER_EXPIRATION_MS = 7 * 24 * 3600 * 1000
+
+# readview: a 16-byte head (magic, version, 3 reserved, slot bytes, slot
+# count) and two 80-byte slots written in turn, generation g into slot g % 2.
+# A slot: generation, epoch (this opening of the partition), state, log start,
+# log end, max_read_position, active segment base, active segment size,
+# aborted-set version, generation again. docs/FORMAT.md has the protocol.
+READVIEW_HEAD = struct.Struct("<4sB3xII")
+READVIEW_SLOT = struct.Struct("<QQQqqqqqQQ")
+READVIEW_MAGIC = b"TXRV"
+READVIEW_VERSION = 1
+READVIEW_SLOTS = 2
+READVIEW_BYTES = READVIEW_HEAD.size + READVIEW_SLOTS * READVIEW_SLOT.size
+READVIEW_GEN_END = READVIEW_SLOT.size - 8       # offset of the closing generation in a slot
+RV_RECOVERING, RV_LIVE, RV_CLOSED = 1, 2, 3     # slot states
+assert READVIEW_HEAD.size == 16 and READVIEW_SLOT.size == 80 and READVIEW_BYTES == 176
+# txmq._readview.ReadViewWriter writes this layout
 
 
 def now_ms() -> int:
@@ -151,8 +172,14 @@ class Partition:
         self._txnindex_dirty: set = set()   # segment bases whose .txnindex changed since its fsync
         self._ended_since_snapshot = 0
         os.makedirs(self.path, exist_ok=True)
+        # Readers stop trusting the last opening's readview before recovery
+        # cuts a tail or rewrites a .txnindex, and trust this one after.
+        self._readview = ReadViewWriter(os.path.join(self.path, "readview"))
+        self._readview.publish(RV_RECOVERING, 0, 0, 0, 0, 0, 0)
         self._open()
         self._recover_txn_buffer()
+        with self.lock:
+            self._publish(self.end_offset)
 
     # -- names ---------------------------------------------------------------
 
@@ -449,6 +476,7 @@ class Partition:
                                           self.last_publish_time)
                 self._maybe_checkpoint()
                 end = self.end_offset
+                self._publish(end)
         # A retry's answer waits for the sync too: the first send of that
         # batch may still be making it durable on another thread.
         if txn is None and (self._sync_always if sync is None else sync):
@@ -515,6 +543,16 @@ class Partition:
         if self._segments[-1].size - self._checkpoint_pos >= CHECKPOINT_BYTES:
             self._checkpoint()
 
+    def _publish(self, end: int, state: int = RV_LIVE) -> None:
+        """Publish the readview as of log end ``end`` (partition lock held).
+        Called after the bytes below ``end`` are in the segment, a marker's
+        transaction left ``ongoing`` and an abort's .txnindex entry is
+        written: a reader that reads the readview first finds them all."""
+        segs = self._segments
+        active = segs[-1]
+        self._readview.publish(state, segs[0].base_offset, end, self.ongoing.max_read_position(end),
+                               active.base_offset, active.size, self.aborted.version)
+
     # -- as a transaction participant (the coordinator's interface) ---------------
 
     def prepare_txn(self, txn_id) -> None:
@@ -539,6 +577,7 @@ class Partition:
             base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
             self._ended(hi, lo, commit, base, pid)
             self._maybe_checkpoint()
+            self._publish(self.end_offset)
             self._ended_since_snapshot += 1
             # A snapshot costs what the buffer holds: spread it over as many ends.
             snapshot = self._ended_since_snapshot >= max(SNAPSHOT_EVERY_TXNS, len(self.ongoing))
@@ -965,6 +1004,7 @@ class Partition:
                 segs.pop(0)
                 total -= seg.size
                 self._segments = tuple(segs)
+                self._publish(self.end_offset)     # readers leave the segment before it goes
                 seg.close(trim=False)
                 for suffix in SEGMENT_FILES:
                     _unlink(self._file(seg.base_offset, suffix))
@@ -995,9 +1035,11 @@ class Partition:
             seg.seal()
             self._rewrite_index(seg)
             self._write_recovery_point()
+            self._publish(self.end_offset, RV_CLOSED)
             for s in self._segments:
                 s.close()
             self._segments = ()
+            self._readview.close()
 
     def __repr__(self) -> str:
         return f"Partition({self.topic!r}, {self.index})"

@@ -1,0 +1,750 @@
+"""Read-only access to a data directory from another process (DESIGN.md §8).
+
+``txmq.readonly.open(path)`` maps the segments and the ``readview`` file of
+each partition and reads exactly the committed prefix the writer has
+published, without taking ``<data>/LOCK``, without writing, truncating or
+creating a file, whether a writer holds the directory or not. The PySpark
+source and CLI inspection build on it.
+
+Where a partition's view comes from (docs/FORMAT.md, "Read view"):
+
+1. The ``readview`` file, when its newest whole slot says LIVE (a writer
+   has the partition open, or had it and died) or CLOSED (closed cleanly).
+   The reader takes the slot, then reads the ``.txnindex`` files (aborted
+   transactions), then maps the segments, then reads the slot again: if
+   the writer reopened the partition meanwhile (a new epoch, or RECOVERING)
+   it starts over, since recovery may rewrite ``.txnindex`` files. Bytes
+   and abort entries are published before the slot that vouches for them,
+   so nothing read below the slot's log end is torn, and every aborted
+   transaction with data below its maxReadPosition is in a ``.txnindex``.
+2. No process holds the lock and the slot says LIVE (the writer died): the
+   slot is still a committed prefix, so it is the starting point, and the
+   files are scanned past it (read-only recovery: batches are taken while
+   they pass their checks; transactions are replayed from the slot's
+   maxReadPosition, where none is open, so a transaction without a marker
+   holds maxReadPosition back at its first offset, as the next writer
+   would until it aborts it). The slot lags by at most the append the
+   writer died in.
+3. No process holds the lock and there is no usable slot (no file, a bad
+   magic, RECOVERING: a writer died while opening): every segment is
+   scanned from byte 0 and the transaction buffer is rebuilt from
+   ``txnbuffer.snap`` (when its CRC and offset check) plus a replay of the
+   batch headers after it. ``.txnindex`` files are not trusted here: a
+   writer that died in recovery may have left them half rewritten.
+4. A process holds the lock and there is no usable slot (it is opening
+   the partition): wait up to ``wait_s`` for a slot, then raise
+   :class:`~txmq.errors.DataDirLockedError`. Files are never scanned under
+   a live writer: it may trim a segment under the scan.
+
+Whether a process holds the lock is read from ``/proc/locks`` (the flock
+on ``LOCK``'s inode), else from the pid written in ``LOCK``. Segments are
+mapped read-only; a segment that retention deletes while it is mapped stays
+readable until its last view (an Arrow array, a memoryview) is released.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from txmq._ackset import AckSet
+from txmq._log import FLAG, Segment, crc32c_of
+from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
+from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
+                       replay_pending)
+from txmq.cursor import Cursor
+from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentError, PartitionNotFoundError,
+                         TopicNotFoundError)
+from txmq.message import MessageId
+from txmq.partition import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
+                            READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING,
+                            SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY,
+                            _load_entries, _monotone, _parse_txn_tables, _valid_entries)
+from txmq.txn import TxnID
+
+__all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
+
+ISOLATIONS = ("read_committed", "read_uncommitted")
+builtin_open = open           # this module defines open(path): the reader's own verb
+TRANSACTIONAL = FLAG["transactional"]
+MARKER_ABORT = FLAG["marker_abort"]
+
+# A slot read as: closing generation, the eight fields, opening generation.
+_GEN = struct.Struct("<Q")
+_FIELDS = struct.Struct("<" + READVIEW_SLOT.format[2:-1])
+assert _FIELDS.size == READVIEW_SLOT.size - 16
+_TRIES = 64                   # rereads of a slot pair the writer keeps overwriting
+_POLL_S = 0.005               # between looks at a readview that is being recovered
+
+
+@dataclass(frozen=True)
+class ReadView:
+    """One whole slot of a partition's ``readview`` file."""
+
+    generation: int
+    epoch: int
+    state: int                  # RV_RECOVERING, RV_LIVE or RV_CLOSED
+    log_start: int
+    log_end: int
+    max_read_position: int
+    active_base: int
+    active_size: int
+    aborted_version: int
+
+
+def read_readview(buf) -> ReadView | None:
+    """The newest whole slot of readview bytes ``buf`` (a mapping or bytes),
+    or None when the head is not a version-1 readview or no slot is whole.
+
+    Each slot is read closing generation first, fields next, opening
+    generation last; the writer stores them in the opposite order, so equal
+    generations mean the fields between are the ones they frame."""
+    if len(buf) < READVIEW_BYTES:
+        return None
+    magic, version, slot_bytes, slots = READVIEW_HEAD.unpack_from(buf)
+    if (magic, version, slot_bytes, slots) != (READVIEW_MAGIC, READVIEW_VERSION, READVIEW_SLOT.size,
+                                                READVIEW_SLOTS):
+        return None
+    for _ in range(_TRIES):
+        best = None
+        for i in range(READVIEW_SLOTS):
+            off = READVIEW_HEAD.size + READVIEW_SLOT.size * i
+            closing = _GEN.unpack_from(buf, off + READVIEW_GEN_END)[0]
+            fields = _FIELDS.unpack_from(buf, off + 8)
+            opening = _GEN.unpack_from(buf, off)[0]
+            if opening == closing and opening and fields[1] in (RV_RECOVERING, RV_LIVE, RV_CLOSED):
+                if best is None or opening > best.generation:
+                    best = ReadView(opening, *fields)
+        if best is not None:
+            return best
+    return None
+
+
+def writer_pid(path) -> int | None:
+    """The pid of the process holding ``<path>/LOCK`` (0 when one holds it
+    but its pid is not visible here), or None when none does. Never takes
+    the lock: a failed try would make a starting writer fail."""
+    lock = os.path.join(os.fspath(path), "LOCK")
+    try:
+        st = os.stat(lock)
+    except FileNotFoundError:
+        return None
+    try:
+        with builtin_open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return _pid_alive(lock)
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        parts = line.split()
+        if "->" in parts or len(parts) < 6 or parts[1] != "FLOCK":
+            continue      # "->": a waiter, not a holder
+        if parts[5] == dev:
+            return int(parts[4]) if parts[4].isdigit() else 0
+    return None
+
+
+def _pid_alive(lock: str) -> int | None:
+    try:
+        with builtin_open(lock, "rb") as f:
+            pid = int(f.read(64).strip() or 0)
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+
+@dataclass
+class _Seg:
+    """A segment mapped for one view: read its batches below ``size``."""
+
+    base: int
+    segment: Segment
+    size: int
+    next_offset: int
+
+
+@dataclass
+class PartitionView:
+    """One consistent view of a partition: its offsets, its mapped
+    segments, and the aborted transactions with data in them."""
+
+    topic: str
+    partition: int
+    log_start: int
+    log_end: int
+    max_read_position: int
+    source: str                 # "readview", "readview+scan" or "scan"
+    segments: list
+    aborted: AbortSet
+    epoch: int = 0
+    bases: list = field(default_factory=list)
+
+    def batches(self, start: int, limit: int):
+        """``(segment, position, BatchInfo)`` of every batch (markers too)
+        that holds an offset in [start, limit), in offset order."""
+        if start >= limit or not self.segments:
+            return
+        i = max(0, bisect.bisect_right(self.bases, start) - 1)
+        for s in self.segments[i:]:
+            if s.base >= limit:
+                return
+            seg = s.segment
+            pos = seg.locate(max(start, s.base)) if s.size else -1
+            while 0 <= pos < s.size:
+                info = seg.batch_at(pos)
+                if info.base_offset >= limit:
+                    return
+                yield seg, pos, info
+                pos += info.length
+
+    def limit(self, isolation: str, end: int | None) -> int:
+        top = self.max_read_position if isolation == "read_committed" else self.log_end
+        return top if end is None else min(end, top)
+
+    def skipped(self, info, committed: bool) -> bool:
+        """A marker, or (``committed``) a batch of an aborted transaction."""
+        return bool(info.flags & TRANSACTIONAL) and (
+            info.is_control or (committed and self.aborted.contains(info.txn_hi, info.txn_lo)))
+
+    def read(self, start: int, end: int | None = None, isolation: str = "read_committed"):
+        """:meth:`ReadOnlyDirectory.read` within this view."""
+        _check_isolation(isolation)
+        return self._read(max(start, self.log_start), self.limit(isolation, end), isolation == "read_committed")
+
+    def _read(self, start: int, limit: int, committed: bool):
+        for seg, pos, info in self.batches(start, limit):
+            if self.skipped(info, committed):
+                continue
+            first = max(start, info.base_offset)
+            txn = TxnID.from_words(info.txn_hi, info.txn_lo) if info.flags & TRANSACTIONAL else None
+            yield from seg.read_messages(pos, first, limit - first, self.topic, self.partition, MessageId, txn)
+
+    def read_arrow(self, start: int, end: int | None = None, isolation: str = "read_committed",
+                   max_rows: int = 65536, include_headers: bool = False, timestamp_unit: str = "ms"):
+        """:meth:`ReadOnlyDirectory.read_arrow` within this view."""
+        _check_isolation(isolation)
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise InvalidArgumentError("max_rows", max_rows, "an int >= 1")
+        if timestamp_unit not in ("ms", "us"):
+            raise InvalidArgumentError("timestamp_unit", timestamp_unit, "ms | us")
+        limit = self.limit(isolation, end)
+        start = max(start, self.log_start)
+        return _arrow_batches(self, start, limit, isolation == "read_committed", max_rows, include_headers,
+                              timestamp_unit)
+
+
+class _PartitionReader:
+    """Builds :class:`PartitionView`s of one partition directory."""
+
+    def __init__(self, directory: "ReadOnlyDirectory", topic: str, index: int):
+        self.dir = directory
+        self.topic = topic
+        self.index = index
+        self.path = os.path.join(directory.path, "topics", topic, str(index))
+        self._rv_map = None
+        self._segs: dict = {}          # (base, size, next offset) -> Segment
+        self._aborted_key = None
+        self._aborted = None
+
+    def readview(self) -> ReadView | None:
+        if self._rv_map is None:
+            try:
+                fd = os.open(os.path.join(self.path, "readview"), os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                if os.fstat(fd).st_size < READVIEW_BYTES:
+                    return None
+                self._rv_map = mmap.mmap(fd, READVIEW_BYTES, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        return read_readview(self._rv_map)
+
+    def view(self) -> PartitionView:
+        if not os.path.isdir(self.path):
+            raise PartitionNotFoundError(self.topic, self.index)
+        deadline = time.monotonic() + self.dir.wait_s
+        moved = 0
+        while True:
+            rv = self.readview()
+            holder = writer_pid(self.dir.path)
+            usable = rv is not None and rv.state != RV_RECOVERING
+            if not usable:
+                if holder is None:
+                    return self._scan(None)
+                if time.monotonic() > deadline:
+                    raise DataDirLockedError(self.dir.path, f"pid {holder}, which has not published "
+                                             f"{self.topic}/{self.index} within {self.dir.wait_s} s")
+                time.sleep(_POLL_S)
+                continue
+            if rv.state == RV_LIVE and holder is None:
+                return self._scan(rv)
+            try:
+                view = self._from_readview(rv)
+            except (FileNotFoundError, _Moved) as e:
+                # Retention moved the log start under us: look again, but a
+                # layout that stays wrong is damage, not a race.
+                moved += 1
+                if moved > _TRIES:
+                    raise CorruptLogError(self.path, 0, f"segments do not match the readview: {e!r}") from None
+                continue
+            again = self.readview()
+            if again is not None and again.epoch == rv.epoch and again.state != RV_RECOVERING:
+                return view
+
+    # -- a view the writer published ---------------------------------------------
+
+    def _from_readview(self, rv: ReadView) -> PartitionView:
+        aborted = self._aborted_from_txnindex((rv.epoch, rv.aborted_version))
+        bases = [b for b in self._bases() if rv.log_start <= b <= rv.active_base]
+        if not bases or bases[0] != rv.log_start or bases[-1] != rv.active_base:
+            raise _Moved(f"segments {bases[:1]}..{bases[-1:]}, readview {rv.log_start}..{rv.active_base}")
+        segs = []
+        for i, base in enumerate(bases):
+            if base == rv.active_base:
+                size, next_offset = rv.active_size, rv.log_end
+            else:
+                size, next_offset = -1, bases[i + 1]
+            segs.append(self._segment(base, size, next_offset))
+        return PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
+                             "readview", segs, aborted, rv.epoch, [s.base for s in segs])
+
+    def _bases(self) -> list:
+        return sorted(int(n[:-len(SEGMENT_SUFFIX)]) for n in os.listdir(self.path)
+                      if n.endswith(SEGMENT_SUFFIX) and n[:-len(SEGMENT_SUFFIX)].isdigit())
+
+    def _file(self, base: int, suffix: str) -> str:
+        return os.path.join(self.path, f"{base:020d}{suffix}")
+
+    def _segment(self, base: int, size: int, next_offset: int) -> _Seg:
+        """Segment ``base`` known good up to ``size`` bytes (-1: the whole
+        file, a sealed segment), adopting its on-disk indexes where they
+        check (else the reads walk from byte 0)."""
+        key = (base, size, next_offset)
+        seg = self._segs.get(key)
+        if seg is None:
+            seg = Segment(self._file(base, SEGMENT_SUFFIX), base, 0, False)
+            file_size = seg.capacity
+            if size < 0:
+                size = file_size
+            if size > file_size:
+                raise CorruptLogError(seg.path, file_size, f"readview claims {size} bytes")
+            off = _load_entries(self._file(base, ".index"))
+            tix = _load_entries(self._file(base, ".timeindex"))
+            if off is not None and tix is not None:
+                off = off[off["b"] < size]
+                tix = tix[tix["b"] < next_offset]
+            if not (off is not None and tix is not None and _valid_entries(off, base, size) and _monotone(tix)):
+                off = tix = np.empty(0, [("a", "<i8"), ("b", "<i8")])
+            seg.load_index(off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
+            self._segs = {k: v for k, v in self._segs.items() if k[0] != base}   # one size per base
+            self._segs[key] = seg
+        return _Seg(base, seg, seg.size, next_offset)
+
+    def _aborted_from_txnindex(self, key) -> AbortSet:
+        """Every entry of every ``.txnindex`` up to its first bad one; cached
+        while the writer's (epoch, aborted-set version) stays the same."""
+        if key == self._aborted_key:
+            return self._aborted
+        aborted = AbortSet()
+        for name in os.listdir(self.path):
+            if not name.endswith(".txnindex"):
+                continue
+            try:
+                with builtin_open(os.path.join(self.path, name), "rb") as f:
+                    raw = f.read()
+            except FileNotFoundError:
+                continue           # deleted by retention since listdir
+            size = TXNINDEX_ENTRY.size
+            for i in range(len(raw) // size):
+                chunk = raw[i * size:(i + 1) * size]
+                hi, lo, _, first, marker, crc = TXNINDEX_ENTRY.unpack(chunk)
+                if crc != crc32c_of(chunk[:40]):
+                    break          # an entry being appended, or damage: the rest is not vouched for
+                aborted.add(hi, lo, first, marker)
+        self._aborted_key, self._aborted = key, aborted
+        return aborted
+
+    # -- a view from the files alone (no writer) ----------------------------------
+
+    def _scan(self, rv: ReadView | None) -> PartitionView:
+        """Read-only recovery (module docstring, cases 2 and 3)."""
+        bases = self._bases()
+        segs = []
+        if rv is not None and rv.active_base in bases:
+            trusted = [b for b in bases if rv.log_start <= b < rv.active_base]
+            for i, base in enumerate(trusted):
+                segs.append(self._segment(base, -1, (trusted + [rv.active_base])[i + 1]))
+            bases = [b for b in bases if b >= rv.active_base]
+            resume = (rv.active_size, rv.log_end)
+            ongoing, aborted = OngoingQueue(), self._aborted_from_txnindex(object())   # not cached: replay adds to it
+            replay_from = rv.max_read_position
+            source = "readview+scan"
+        else:
+            resume = None
+            ongoing, aborted, replay_from = self._txn_snapshot(bases)
+            source = "scan"
+        expected = bases[0] if bases else (rv.log_end if rv is not None else 0)
+        for base in bases:
+            if base != expected:
+                break              # a gap: the writer would drop what follows
+            seg = Segment(self._file(base, SEGMENT_SUFFIX), base, 0, False)
+            pos, offset = resume if resume is not None else (0, base)
+            resume = None
+            if pos:
+                idx = _load_entries(self._file(base, ".index"))
+                idx = idx[idx["b"] < pos] if idx is not None else np.empty(0, [("a", "<i8"), ("b", "<i8")])
+                if not _valid_entries(idx, base, pos):
+                    idx = idx[:0]
+                seg.load_index(idx["a"], idx["b"], [], [], pos, offset)
+            bad = seg.recover(pos, offset)     # read-only: reports a bad batch, cuts nothing
+            segs.append(_Seg(base, seg, seg.size, seg.next_offset))
+            expected = seg.next_offset
+            if bad is not None:
+                break
+        if not segs:
+            return PartitionView(self.topic, self.index, expected, expected, expected, source, [],
+                                 aborted, 0, [])
+        view = PartitionView(self.topic, self.index, segs[0].base, segs[-1].next_offset, 0, source, segs,
+                             aborted, 0, [s.base for s in segs])
+        if replay_from > view.log_end:      # a snapshot past the tail the scan kept
+            ongoing, aborted, replay_from = OngoingQueue(), AbortSet(), view.log_start
+        start = max(replay_from, view.log_start)
+        for _, _, info in view.batches(start, view.log_end):
+            if not info.flags & TRANSACTIONAL:
+                continue
+            hi, lo = info.txn_hi, info.txn_lo
+            if info.is_control:
+                first = ongoing.first_offset_of(hi, lo)
+                if info.flags & MARKER_ABORT:
+                    aborted.add(hi, lo, first if first >= 0 else info.base_offset, info.base_offset)
+                ongoing.remove(hi, lo)
+            elif not ongoing.contains(hi, lo) and not aborted.contains(hi, lo):
+                ongoing.add(hi, lo, info.base_offset, 0)
+        view.max_read_position = ongoing.max_read_position(view.log_end)
+        return view
+
+    def _txn_snapshot(self, bases):
+        """(ongoing, aborted, replay from) out of ``txnbuffer.snap`` when it
+        checks and lies in the log, else empty tables from the log start."""
+        start = bases[0] if bases else 0
+        try:
+            with builtin_open(os.path.join(self.path, "txnbuffer.snap"), "rb") as f:
+                raw = f.read()
+            if len(raw) < TXNBUF_HEAD.size + 8 or struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
+                raise ValueError("bad length or CRC")
+            magic, version, _, offset = TXNBUF_HEAD.unpack_from(raw)
+            if (magic, version) != (TXNBUF_MAGIC, TXNBUF_VERSION) or offset < start:
+                raise ValueError("bad head or offset")
+            ongoing, aborted = _parse_txn_tables(raw[TXNBUF_HEAD.size:-4])
+            return ongoing, aborted, offset
+        except (OSError, ValueError, struct.error):
+            return OngoingQueue(), AbortSet(), start
+
+
+class _Moved(Exception):
+    """The files changed under a view being built (retention): build again."""
+
+
+class ReadOnlyDirectory:
+    """A data directory opened read-only (DESIGN.md §8; the module docstring
+    says where each partition's view comes from).
+
+    Every call takes a fresh view of the partitions it touches, so offsets
+    move forward between calls as the writer publishes; one ``read`` /
+    ``read_arrow`` iterates over the one view it took when called.
+    ``wait_s`` bounds the wait for a writer that is opening a partition.
+    """
+
+    def __init__(self, path, *, wait_s: float = 10.0):
+        self.path = os.path.abspath(os.fspath(path))
+        if not os.path.isdir(os.path.join(self.path, "topics")):
+            raise FileNotFoundError(f"{self.path} is not a txmq data directory (no topics/)")
+        self.wait_s = wait_s
+        self._readers: dict = {}
+
+    # -- what is there -----------------------------------------------------------
+
+    def topics(self) -> list:
+        """Names of the topics, sorted (a topic exists when its topic.json does)."""
+        root = os.path.join(self.path, "topics")
+        return sorted(n for n in os.listdir(root) if os.path.exists(os.path.join(root, n, "topic.json")))
+
+    def topic_config(self, topic: str) -> dict:
+        """The topic's ``topic.json`` (partitions, retention)."""
+        try:
+            with builtin_open(os.path.join(self.path, "topics", topic, "topic.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise TopicNotFoundError(topic) from None
+
+    def partitions(self, topic: str) -> list:
+        """The partition numbers of ``topic``: ``[0, .., N-1]``."""
+        return list(range(self.topic_config(topic)["partitions"]))
+
+    def view(self, topic: str, partition: int) -> PartitionView:
+        """A fresh consistent view of one partition (offsets, segments,
+        aborted transactions); what every other call reads through."""
+        if partition not in self.partitions(topic):
+            raise PartitionNotFoundError(topic, partition)
+        reader = self._readers.get((topic, partition))
+        if reader is None:
+            reader = self._readers[(topic, partition)] = _PartitionReader(self, topic, partition)
+        return reader.view()
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """The log end offset: the offset the next message will get."""
+        return self.view(topic, partition).log_end
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """maxReadPosition: where READ_COMMITTED reads stop."""
+        return self.view(topic, partition).max_read_position
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        """The first offset retention has kept."""
+        return self.view(topic, partition).log_start
+
+    def offsets(self, topic: str, partition: int) -> dict:
+        """``{"log_start", "last_stable", "high_watermark", "source"}`` from
+        one view (``source``: readview, readview+scan or scan)."""
+        v = self.view(topic, partition)
+        return {"log_start": v.log_start, "last_stable": v.max_read_position,
+                "high_watermark": v.log_end, "source": v.source}
+
+    # -- reading ----------------------------------------------------------------
+
+    def read(self, topic: str, partition: int, start: int, end: int | None = None,
+             isolation: str = "read_committed"):
+        """Messages of one partition with offsets in [start, end), in offset
+        order, as :class:`txmq.Message` (key, value, headers, message_id,
+        event_time, publish_time, txn_id). ``end`` defaults to, and is
+        capped by, maxReadPosition under ``read_committed`` and the log end
+        under ``read_uncommitted``. Markers are never returned; batches of
+        aborted transactions only under ``read_uncommitted``. A ``start``
+        below the log start begins at the log start."""
+        return self.view(topic, partition).read(start, end, isolation)
+
+    def read_arrow(self, topic: str, partition: int, start: int, end: int | None = None,
+                   isolation: str = "read_committed", max_rows: int = 65536, include_headers: bool = False,
+                   timestamp_unit: str = "ms"):
+        """``pyarrow.RecordBatch``es of the messages :meth:`read` would
+        return, at most ``max_rows`` rows each, with the columns of Spark's
+        Kafka source (:data:`arrow_schema`).
+
+        Key and value bytes are not copied: each column's data buffer is a
+        view of the mapped segment spanning the batches it covers (the
+        bytes of other sections in between are skipped by its offsets), so
+        a record batch never spans two segments. Offsets, timestamps and
+        the key validity bitmap are computed (4 to 8 bytes a row). The
+        views keep the mapping alive after the segment is deleted.
+        ``timestamp_unit``: "ms", or "us" for Spark (whose Arrow reader
+        takes microsecond timestamps only)."""
+        return self.view(topic, partition).read_arrow(start, end, isolation, max_rows, include_headers,
+                                                      timestamp_unit)
+
+    # -- subscriptions and transactions (inspection) ---------------------------------
+
+    def subscriptions(self, topic: str) -> list:
+        """Names of the subscriptions of ``topic``, sorted."""
+        root = os.path.join(self.path, "subscriptions", topic)
+        if not os.path.isdir(root):
+            return []
+        return sorted(n for n in os.listdir(root) if os.path.exists(os.path.join(root, n, "subscription.json")))
+
+    def subscription(self, topic: str, name: str) -> dict:
+        """A subscription's settings and, per partition, its cursor
+        (mark-delete, individually acknowledged offsets above it), the
+        transactions holding pending acks there, and its backlog: the
+        deliverable messages from mark-delete to the end its isolation
+        reads to that are not acknowledged. Replays the cursor and
+        pending-ack logs without truncating them."""
+        root = os.path.join(self.path, "subscriptions", topic, name)
+        with builtin_open(os.path.join(root, "subscription.json")) as f:
+            settings = json.load(f)
+        isolation = settings.get("isolation", "read_committed")
+        committed = isolation == "read_committed"
+        out = dict(settings, name=name, topic=topic, partitions={})
+        for p in self.partitions(topic):
+            view = self.view(topic, p)
+            cursor = _read_cursor(os.path.join(root, f"cursor-{p}.log"), view.log_start)
+            pending = _read_redo(os.path.join(root, f"pending-{p}.log"))
+            held = replay_pending(pending) if pending is not None else {}
+            mark_delete = cursor.mark_delete if cursor is not None else None
+            entry = {"mark_delete": mark_delete, "pending_transactions": len(held)}
+            if cursor is not None:
+                limit = view.limit(isolation, None)
+                acked = sum(min(b, limit) - max(a, mark_delete) for a, b in cursor.acked.ranges()
+                            if b > mark_delete and a < limit)
+                entry["acked_above_mark_delete"] = acked
+                entry["backlog"] = max(0, _deliverable(view, max(mark_delete, view.log_start), limit, committed)
+                                       - acked)
+            out["partitions"][p] = entry
+        return out
+
+    def transactions(self) -> list:
+        """The transactions the coordinator logs hold unfinished (OPEN,
+        COMMITTING, ABORTING) as dicts: id, state, timeout_ms, started_ms,
+        partitions, subscriptions. Replays the logs without truncating."""
+        root = os.path.join(self.path, "coordinator")
+        names = {OPEN: "OPEN", COMMITTING: "COMMITTING", ABORTING: "ABORTING"}
+        out = []
+        if not os.path.isdir(root):
+            return out
+        for name in sorted(os.listdir(root)):
+            if not (name.startswith("tc-") and name.endswith(".log")):
+                continue
+            frames = _read_redo(os.path.join(root, name))
+            if frames is None:
+                continue
+            try:
+                _, txns, _ = replay_coordinator(frames)
+            except ValueError as e:
+                raise CorruptLogError(os.path.join(root, name), 0, f"coordinator frame: {e}") from None
+            for (hi, lo), (state, timeout_ms, start_ms, parts, subs) in txns.items():
+                if state >= COMMITTED:
+                    continue
+                out.append({"id": str(TxnID.from_words(hi, lo)), "state": names[state],
+                            "timeout_ms": timeout_ms, "started_ms": start_ms,
+                            "partitions": sorted(f"{t}/{p}" for t, p in parts or ()),
+                            "subscriptions": sorted(f"{t}/{s}" for t, s in subs or ())})
+        return out
+
+    def close(self) -> None:
+        """Drop the views this object caches (mappings live on while Arrow
+        arrays or memoryviews still use them)."""
+        self._readers.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open(path, *, wait_s: float = 10.0) -> ReadOnlyDirectory:   # noqa: A001 - the module's verb
+    """Open the data directory at ``path`` read-only (no lock, no writes)."""
+    return ReadOnlyDirectory(path, wait_s=wait_s)
+
+
+def _check_isolation(isolation: str) -> None:
+    if isolation not in ISOLATIONS:
+        raise InvalidArgumentError("isolation", isolation, " | ".join(ISOLATIONS))
+
+
+def _deliverable(view: PartitionView, start: int, limit: int, committed: bool) -> int:
+    n = 0
+    for _, _, info in view.batches(start, limit):
+        if not view.skipped(info, committed):
+            n += min(limit, info.next_offset) - max(start, info.base_offset)
+    return n
+
+
+def _read_redo(path: str):
+    """Frames ``[(type, payload)]`` of a redo log from its last SNAPSHOT
+    on, up to its first torn or bad frame; None when the file is missing
+    or its header is not a redo log's. Nothing is truncated."""
+    try:
+        with builtin_open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    if len(data) < len(FILE_HEADER) or data[:5] != FILE_HEADER[:5]:
+        return None
+    frames, _, _ = parse_frames(data)
+    last = max((i for i, fr in enumerate(frames) if fr[0] == SNAPSHOT), default=0)
+    return [(t, payload) for t, payload, _ in frames[last:]]
+
+
+class _CursorReplay(Cursor):
+    """A cursor rebuilt from frames already read: the replay of
+    :class:`txmq.cursor.Cursor` without its file."""
+
+    def __init__(self, path: str, frames: list, initial_offset: int):
+        self.log = type("_Named", (), {"path": path})()
+        self.mark_delete = initial_offset
+        self.acked = AckSet()
+        self.problems = []
+        for kind, payload in frames:
+            self._apply(kind, payload)
+
+
+def _read_cursor(path: str, log_start: int):
+    frames = _read_redo(path)
+    if frames is None:
+        return None
+    return _CursorReplay(path, frames, log_start)
+
+
+# -- Arrow ---------------------------------------------------------------------------
+
+def arrow_schema(include_headers: bool = False, timestamp_unit: str = "ms"):
+    """The columns of :meth:`ReadOnlyDirectory.read_arrow`, Spark's Kafka
+    source's: key binary, value binary, topic string, partition int32,
+    offset int64, timestamp (UTC), timestampType int32 (0: CreateTime, the
+    event time), and with ``include_headers`` headers list<struct<key
+    string, value binary>> (null for a message without headers)."""
+    import pyarrow as pa
+
+    fields = [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
+              ("partition", pa.int32()), ("offset", pa.int64()),
+              ("timestamp", pa.timestamp(timestamp_unit, tz="UTC")), ("timestampType", pa.int32())]
+    if include_headers:
+        fields.append(("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))))
+    return pa.schema(fields)
+
+
+def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool, max_rows: int,
+                   include_headers: bool, unit: str):
+    """One record batch per delivered on-disk batch (split at ``max_rows``):
+    Arrow's binary layout has one offsets array per column, so a column
+    over the mapping cannot skip the header and offsets of the next batch.
+    A batch is all one transaction, so filtering never splits one; a range
+    that starts or ends inside a batch is a zero-copy slice of it."""
+    import pyarrow as pa
+
+    schema = arrow_schema(include_headers, unit)
+    ts_type = schema.field("timestamp").type
+    for seg, pos, info in view.batches(start, limit):
+        if view.skipped(info, committed):
+            continue
+        i0 = max(start, info.base_offset) - info.base_offset
+        i1 = min(info.count, limit - info.base_offset)
+        b = seg.arrow_buffers(pos)
+        count = b["count"]
+        validity = pa.py_buffer(b["validity"]) if b["validity"] is not None else None
+        keys = pa.Array.from_buffers(pa.binary(), count, [validity, pa.py_buffer(b["key_offsets"]),
+                                                          pa.py_buffer(b["keys"])])
+        values = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(b["value_offsets"]),
+                                                            pa.py_buffer(b["values"])], null_count=0)
+        deltas = np.frombuffer(b["event_deltas"], "<i4")
+        while i0 < i1:
+            n = min(i1 - i0, max_rows)
+            times = info.first_event_time + deltas[i0:i0 + n].astype(np.int64)
+            if unit == "us":
+                times *= 1000
+            columns = [keys.slice(i0, n), values.slice(i0, n), pa.repeat(view.topic, n),
+                       pa.array(np.full(n, view.partition, np.int32)),
+                       pa.array(np.arange(info.base_offset + i0, info.base_offset + i0 + n, dtype=np.int64)),
+                       pa.array(times, ts_type), pa.array(np.zeros(n, np.int32))]
+            if include_headers:
+                columns.append(pa.array([[{"key": k, "value": v} for k, v in m[3]] if m[3] else None
+                                         for m in seg.messages(pos, info.base_offset + i0, n)],
+                                        schema.field("headers").type))
+            yield pa.RecordBatch.from_arrays(columns, schema=schema)
+            i0 += n

@@ -1,0 +1,98 @@
+# cython: boundscheck=False, wraparound=False
+"""The writer's side of a partition's ``readview`` file (docs/FORMAT.md,
+"Read view"): a 16-byte head and two 80-byte slots, written in turn, each
+framed by its generation, so a reader in another process takes the newest
+slot whose two generation words agree, never a torn one, and never waits.
+
+A publish runs on every append, so it is a few plain 8-byte stores into the
+mapping: the opening generation, a release fence, the fields, a release
+fence, the closing generation. Readers load them in the opposite order
+(``txmq.readonly``).
+"""
+from libc.stdint cimport int64_t, uint64_t
+
+import os
+import time
+
+from txmq._log import Mapping
+
+from _bytes cimport load_u64, store_u32, store_u64
+
+cdef extern from *:
+    """
+    static inline void txmq_release_fence(void) { __atomic_thread_fence(__ATOMIC_RELEASE); }
+    """
+    void txmq_release_fence() nogil
+
+cdef enum:
+    HEAD = 16
+    SLOT = 80
+    SLOTS = 2
+    BYTES = HEAD + SLOTS * SLOT
+    GEN_END = SLOT - 8
+
+MAGIC = b"TXRV"
+VERSION = 1
+
+
+cdef class ReadViewWriter:
+    """Publishes one partition's readview. ``generation`` keeps growing
+    across openings (a reader takes the larger one); ``epoch`` names this
+    opening (nanoseconds since the epoch)."""
+    cdef object mapping
+    cdef unsigned char[::1] buf
+    cdef char *base
+    cdef readonly uint64_t generation, epoch
+
+    def __init__(self, path):
+        fd = os.open(os.fspath(path), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < BYTES:
+                os.ftruncate(fd, BYTES)
+            self.mapping = Mapping(fd, BYTES, True)
+        finally:
+            os.close(fd)
+        self.buf = self.mapping
+        self.base = <char *>&self.buf[0]
+        cdef Py_ssize_t i
+        if bytes(self.buf[0:5]) != MAGIC + bytes([VERSION]):
+            for i in range(BYTES):
+                self.base[i] = 0
+            for i in range(4):
+                self.base[i] = MAGIC[i]
+            self.base[4] = VERSION
+            store_u32(self.base + 8, SLOT)
+            store_u32(self.base + 12, SLOTS)
+        self.generation = 0
+        for i in range(SLOTS):
+            self.generation = max(self.generation, load_u64(self.base + HEAD + i * SLOT),
+                                  load_u64(self.base + HEAD + i * SLOT + GEN_END))
+        self.epoch = time.time_ns()
+
+    cpdef publish(self, int64_t state, int64_t start, int64_t end, int64_t max_read_position,
+                  int64_t active_base, int64_t active_size, uint64_t aborted_version):
+        """Write the next slot: state, log start, log end, maxReadPosition,
+        the active segment's base and size, the aborted-set version."""
+        if self.base == NULL:
+            raise ValueError("readview is closed")
+        cdef uint64_t g = self.generation + 1
+        cdef char *s = self.base + HEAD + (g & 1) * SLOT
+        self.generation = g
+        store_u64(s, g)
+        txmq_release_fence()
+        store_u64(s + 8, self.epoch)
+        store_u64(s + 16, <uint64_t>state)
+        store_u64(s + 24, <uint64_t>start)
+        store_u64(s + 32, <uint64_t>end)
+        store_u64(s + 40, <uint64_t>max_read_position)
+        store_u64(s + 48, <uint64_t>active_base)
+        store_u64(s + 56, <uint64_t>active_size)
+        store_u64(s + 64, aborted_version)
+        txmq_release_fence()
+        store_u64(s + GEN_END, g)
+
+    def close(self):
+        if self.base != NULL:
+            self.base = NULL
+            self.buf = None
+            self.mapping.close()
