@@ -12,6 +12,8 @@ Layout of a data directory (docs/FORMAT.md has every file's bytes)::
                                                   (and transactional ids homed there)
     <data>/producers.log                          producer-id counter, named producers
     <data>/half/log/0/, half/statetable, half/redo.log   half messages (txmq.half)
+    <data>/control.sock                           the owner's control socket (txmq.control)
+    <data>/staging/<job>/<attempt>/               batches staged by other processes (txmq.ingest)
 
 Opening recovers in this order: partitions (log, then transaction buffer),
 subscriptions (cursor, then pending acks), coordinators; then every
@@ -49,6 +51,7 @@ from txmq.producers import ProducerRegistry
 from txmq.scheduler import Scheduler
 from txmq.files import sync_dir, write_json
 from txmq.half import HalfProducer, HalfStore
+from txmq.ingest import Ingester, clean_staging
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription
 from txmq.topic import Topic, check_subscription_name, check_topic_name
 from txmq.transaction import Transaction
@@ -92,6 +95,10 @@ class Broker:
     ``half_max_checks`` (default 15) unanswered or UNKNOWN checks one goes to
     the ``txmq.half-check-max`` topic. Resolved records are compacted away
     ``half_retention`` seconds (default 3 days) after they were stored.
+
+    ``control_socket`` (default True): listen on ``<data>/control.sock``
+    for requests of other processes (:mod:`txmq.control`): staged ingest
+    from Spark tasks and other writers (:mod:`txmq.ingest`).
     """
 
     def __init__(self, path, fsync: str = "commit", *, segment_bytes_max: int = 256 * MiB,
@@ -100,7 +107,7 @@ class Broker:
                  retention_check_interval: float = 60.0, num_coordinators: int = 4,
                  transaction_timeout_max: float = 900.0, producer_id_expiration: float = 7 * 24 * 3600.0,
                  half_check_interval: float = 60.0, half_check_immunity: float = 6.0, half_max_checks: int = 15,
-                 half_retention: float = 3 * 24 * 3600.0):
+                 half_retention: float = 3 * 24 * 3600.0, control_socket: bool = True):
         self.path = os.path.abspath(os.fspath(path))
         self._closed = True
         if fsync not in FSYNC_MODES:
@@ -142,6 +149,7 @@ class Broker:
                                        producer_expiration_ms=int(producer_id_expiration * 1000))
         self._producer_ids = None
         self._half = None
+        self._control = None
         self._named_live: dict = {}        # (topic, name) -> the live Producer instance
         self._tid_live: dict = {}          # transactional id -> the live TransactionalProducer
         self._tid_lock = threading.Lock()
@@ -190,6 +198,14 @@ class Broker:
         self._scheduler.every(RETRY_INTERVAL, self._retry_transactions)
         self._scheduler.every(SNAPSHOT_INTERVAL, self._snapshot_txn_buffers)
         self._scheduler.every(half_check_interval, self.check_half_messages)
+        self._ingester = Ingester(self)
+        if control_socket:
+            from txmq.control import ControlServer
+            try:
+                self._control = ControlServer(self, self._control_handlers())
+            except BaseException:
+                self.close()
+                raise
 
     # -- opening -------------------------------------------------------------
 
@@ -436,6 +452,33 @@ class Broker:
         self._check_open()
         return self._half.resume(half_ids)
 
+    def ingest_staged(self, job: str, attempts, sink=None) -> dict:
+        """Append the listed staged attempts of ``job`` (see
+        :mod:`txmq.ingest`) as one transaction and delete the job's staging;
+        with ``sink`` = (key, batch id), once per batch id. Returns
+        ``{"messages", "skipped"}``. Other processes reach this through
+        :func:`txmq.ingest.commit`."""
+        self._check_open()
+        return self._ingester.ingest(job, attempts, None if sink is None else tuple(sink))
+
+    def sink_batch_id(self, sink: str) -> int:
+        """The last batch id :meth:`ingest_staged` committed for ``sink``
+        (-1: none)."""
+        self._check_open()
+        return self._ingester.last_batch(sink)
+
+    def _control_handlers(self) -> dict:
+        def ingest(req):
+            return self.ingest_staged(req["job"], req["attempts"], req.get("sink"))
+
+        def discard(req):
+            self._ingester.discard(req["job"])
+
+        return {"ping": lambda req: {"pid": os.getpid(), "path": self.path},
+                "ingest": ingest,
+                "last_batch": lambda req: {"batch_id": self.sink_batch_id(req["sink"])},
+                "discard": discard}
+
     def subscribe(self, topic: str, subscription: str, type: str = "exclusive", *,
                   isolation: str = "read_committed", initial_position: str = "latest",
                   ack_timeout: float | None = None, nack_delay: float = 1.0,
@@ -602,10 +645,12 @@ class Broker:
     # -- background work ------------------------------------------------------------
 
     def enforce_retention(self) -> int:
-        """Delete the segments that retention allows; return how many."""
+        """Delete the segments that retention allows (and staged ingest
+        left over for a day, :func:`txmq.ingest.clean_staging`); return how
+        many."""
         if self._closed:
             return 0
-        deleted = 0
+        deleted = clean_staging(self.path, time.time())
         with self._lock:
             topics = list(self._topics.values())
         for topic in topics:
@@ -717,6 +762,8 @@ class Broker:
             if self._closed:
                 return
             self._closed = True
+        if self._control is not None:
+            self._control.close()
         self._scheduler.stop()
         self._half.close()
         for t in self._topics.values():

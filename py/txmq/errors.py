@@ -290,3 +290,8 @@ class InvalidHalfStateError(TxmqError):
         self.state = state
         self.wanted = wanted
         super().__init__(f"half message {half_id} is {state}; cannot {wanted}")
+
+
+class StagingError(TxmqError):
+    """Staged batches cannot be ingested: an attempt is missing, was not
+    closed, or holds a file that does not belong there (``txmq.ingest``)."""
