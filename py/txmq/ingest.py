@@ -176,15 +176,19 @@ class StagedWriter:
         """Seal the attempt: files synced, then the COMPLETE mark. Returns
         ``{"attempt", "messages"}``, what a commit lists."""
         if not self.closed:
-            for seg in self._segments.values():
-                seg.sync()
-                seg.close()
-            sync_dir(self._dir)
-            with open(os.path.join(self.path, COMPLETE), "w") as f:
-                f.write(json.dumps({"topic": self.topic, "messages": self.messages}))
-                f.flush()
-                os.fsync(f.fileno())
-            sync_dir(self.path)
+            try:
+                for seg in self._segments.values():
+                    seg.sync()
+                    seg.close()
+                sync_dir(self._dir)
+                with open(os.path.join(self.path, COMPLETE), "w") as f:
+                    f.write(json.dumps({"topic": self.topic, "messages": self.messages}))
+                    f.flush()
+                    os.fsync(f.fileno())
+                sync_dir(self.path)
+            except FileNotFoundError:
+                if not os.path.exists(self._tombstone):
+                    raise
             self.closed = True
             if os.path.exists(self._tombstone):      # the job was aborted while this attempt ran
                 self.abort()
