@@ -2,7 +2,6 @@
 cursors across reopen, errors, stats."""
 
 import datetime
-import os
 import subprocess
 import sys
 import time
@@ -437,17 +436,6 @@ def test_blocked_receive_wakes_on_send(broker):
     broker.producer("t").send(b"wake")
     t.join(5)
     assert got and got[0].value == b"wake" and time.monotonic() - t0 < 2
-
-
-def test_demo_command(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "txmq.cli", "demo", "--dir", str(tmp_path / "demo"),
-                        "--messages", "5000"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ})
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "demo passed" in r.stdout and "5,000/5,000" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "txmq.cli", "topics", str(tmp_path / "demo")],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "demo-orders" in r.stdout
 
 
 def test_receive_batch_serves_redeliveries_too(broker):

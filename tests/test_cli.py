@@ -640,11 +640,6 @@ def test_bench_runs_a_selection_and_prints_ratios(capsys, tmp_path):
 
 # -- demo and the console script ------------------------------------------------------------------
 
-def test_demo_is_wired(capsys, tmp_path):
-    code, out, _ = run(capsys, "demo", "--dir", tmp_path / "demo", "--messages", "10")
-    assert code == 0 and out.rstrip().endswith("demo passed")
-
-
 def _script():
     found = shutil.which("txmq")
     candidate = os.path.join(sysconfig.get_path("scripts"), "txmq")
