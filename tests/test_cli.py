@@ -4,10 +4,12 @@ script."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import time
 import pytest
 
 import txmq
+import txmq.readonly as readonly
 from txmq.cli import exits, opening, output
 from txmq.cli import main
 
@@ -91,13 +94,21 @@ def test_not_a_data_directory(capsys, tmp_path):
     assert code == exits.USAGE and "not a txmq data directory" in err
 
 
-def test_locked_directory_exit_3(capsys, data):
+WRITE_COMMANDS = (["produce", "{d}", "orders"], ["topics", "create", "{d}", "new"], ["topics", "delete", "{d}", "empty"],
+                  ["consume", "{d}", "orders", "-s", "billing"], ["subscriptions", "reset", "{d}", "orders", "billing",
+                                                                  "--to", "latest"],
+                  ["transactions", "abort", "{d}", "(0,1)"])
+
+
+def test_locked_directory_exit_3_for_commands_that_change_it(capsys, data):
     with txmq.Broker(data, fsync="never"):
-        for argv in (["stats", data], ["topics", "describe", data, "orders"], ["consume", data, "orders"],
-                     ["transactions", "list", data], ["produce", data, "orders"]):
-            code, out, err = run(capsys, *argv)
+        for argv in WRITE_COMMANDS:
+            code, out, err = run(capsys, *[a.format(d=data) for a in argv])
             assert code == exits.LOCKED, argv
             assert f"data directory {os.path.abspath(data)} is locked: another process (pid {os.getpid()})" in err
+            assert ("read-only commands work while it holds the directory: topics list|describe, consume "
+                    "without --subscription, subscriptions list|describe, transactions list|describe, stats, "
+                    "check") in err
             assert out == ""
 
 
@@ -171,15 +182,6 @@ def test_produce_stdin_then_non_durable_consume(capsys, monkeypatch, data):
     # Non-durable: no subscription was left behind.
     code, out, _ = run(capsys, "subscriptions", "list", data, "--json")
     assert [(s["topic"], s["subscription"]) for s in json.loads(out)] == [("orders", "billing")]
-
-
-def test_non_durable_read_removes_a_leftover_temporary_subscription(capsys, data):
-    with txmq.Broker(data, fsync="never") as b:         # as a killed read would leave it
-        b.subscribe("orders", "txmq-cli-read-1-2", initial_position="earliest").close()
-    code, out, _ = run(capsys, "consume", data, "orders", "-n", "1")
-    assert code == 0 and len(out.splitlines()) == 1
-    with txmq.Broker(data, fsync="never") as b:
-        assert b.subscriptions("orders") == ["billing"]
 
 
 def test_produce_json_round_trip(capsys, monkeypatch, data):
@@ -310,15 +312,15 @@ def test_subscriptions_list_describe_reset(capsys, data):
     code, out, _ = run(capsys, "subscriptions", "list", data)
     assert code == 0
     head, row = out.splitlines()
-    assert head.split() == ["TOPIC", "SUBSCRIPTION", "TYPE", "ISOLATION", "BACKLOG", "UNACKED", "CONSUMERS"]
-    assert row.split() == ["orders", "billing", "exclusive", "read_committed", "26", "0", "0"]
+    assert head.split() == ["TOPIC", "SUBSCRIPTION", "TYPE", "ISOLATION", "BACKLOG"]
+    assert row.split() == ["orders", "billing", "exclusive", "read_committed", "26"]
     code, out, _ = run(capsys, "subscriptions", "describe", data, "orders", "billing")
     assert code == 0 and out.startswith("subscription billing on orders: exclusive, read_committed, backlog 26")
     code, out, _ = run(capsys, "subscriptions", "reset", data, "orders", "billing", "--to", "latest", "--json")
     assert code == 0 and json.loads(out)["backlog"] == 0
     code, out, _ = run(capsys, "subscriptions", "reset", data, "orders", "billing", "--to", "earliest")
-    assert code == 0 and "reset orders/billing to earliest on every partition" in out
-    assert "backlog 31" in out
+    assert code == 0 and out.startswith("reset orders/billing to earliest on every partition\n\n"
+                                        "subscription billing on orders: exclusive, read_committed, backlog 31\n")
     code, out, _ = run(capsys, "subscriptions", "reset", data, "orders", "billing", "--to", "latest")
     code, out, _ = run(capsys, "subscriptions", "reset", data, "orders", "billing", "--to", "2",
                        "--partition", "1", "--json")
@@ -335,8 +337,8 @@ def test_subscriptions_list_describe_reset(capsys, data):
 # -- transactions -------------------------------------------------------------------------------
 
 class _Held:
-    """A broker this test holds open, handed to the command as the owner
-    process (or txmq.readonly) would show it: the command does not close it."""
+    """A broker this test holds open, handed to a command that changes the
+    directory as if it were its own: the command does not close it."""
 
     def __init__(self, broker):
         self.broker = broker
@@ -350,11 +352,12 @@ class _Held:
 
 def test_transactions_list_describe_abort(capsys, monkeypatch, data):
     code, out, _ = run(capsys, "transactions", "list", data)
-    assert code == 0 and out == "no live transactions\n"   # opening ended what the last owner left open
+    assert code == 0 and out == "no live transactions\n"
     with txmq.Broker(data, fsync="never") as b:
+        # list and describe read the held directory (this process holds it);
+        # abort needs the owner: it is handed this broker.
         txn = b.new_transaction(timeout=120)
         b.producer("orders").send(b"held", partition=2, txn=txn)
-        monkeypatch.setattr(opening, "open_for_reading", lambda path, progress=None: _Held(b))
         monkeypatch.setattr(opening, "open_for_writing", lambda path, progress=None, create=False: _Held(b))
         code, out, _ = run(capsys, "transactions", "list", data)
         assert code == 0
@@ -371,6 +374,10 @@ def test_transactions_list_describe_abort(capsys, monkeypatch, data):
         assert txn.state.value == "ABORTED"
         code, _, err = run(capsys, "transactions", "abort", data, str(txn.id))
         assert code == exits.USAGE and "is not live (live transactions: none)" in err
+        code, out, _ = run(capsys, "transactions", "list", data)
+        assert code == 0 and out == "no live transactions\n"
+        code, _, err = run(capsys, "transactions", "describe", data, str(txn.id))
+        assert code == exits.USAGE and f"transaction {txn.id} is not live (live transactions: none)" in err
     code, _, err = run(capsys, "transactions", "describe", data, "seven")
     assert code == exits.USAGE and "bad transaction id 'seven'" in err
 
@@ -381,16 +388,21 @@ def test_stats(capsys, data):
     code, out, _ = run(capsys, "stats", data)
     assert code == 0
     assert f"data directory {os.path.abspath(data)}" in out and "topic orders" in out and "topic empty" in out
-    assert "transactions: 0 open" in out
+    assert out.startswith(f"data directory {os.path.abspath(data)} (a read-only view; no process holds it)\n")
+    assert "transactions: 0 open, 0 committing, 0 aborting" in out
     code, out, _ = run(capsys, "stats", data, "--json")
     st = json.loads(out)
-    assert set(st["topics"]) == {"orders", "empty"}
+    assert set(st["topics"]) == {"orders", "empty"} and st["writer_pid"] is None
+    assert [p["source"] for p in st["topics"]["orders"]["partitions"]] == ["readview"] * 3
     assert st["topics"]["orders"]["subscriptions"]["billing"]["backlog"] == 26
 
 
 # -- how read commands open the directory -------------------------------------------------------
 
 def test_read_commands_go_through_open_for_reading(capsys, monkeypatch, data):
+    """...and change nothing on a directory no process holds: no recovery,
+    no temporary subscription, no file touched."""
+    before = _files(data)
     calls = []
     real = opening.open_for_reading
     monkeypatch.setattr(opening, "open_for_reading", lambda path, progress=None: calls.append("r") or real(path))
@@ -405,21 +417,156 @@ def test_read_commands_go_through_open_for_reading(capsys, monkeypatch, data):
     assert len(calls) == len(reads)
     code, _, err = run(capsys, "transactions", "describe", data, "(0,1)")
     assert code == exits.USAGE and len(calls) == len(reads) + 1
+    assert _files(data) == before
 
 
-def test_spinner_while_opening(capsys, monkeypatch, data):
+def _files(path) -> dict:
+    """Every entry under ``path``: a file's size, mtime and SHA-256 (a
+    socket, the owner's control.sock, by its kind only)."""
+    out = {}
+    for d, _, names in os.walk(path):
+        for n in names:
+            p = os.path.join(d, n)
+            st = os.stat(p)
+            if stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    out[p] = (st.st_size, st.st_mtime_ns, hashlib.sha256(f.read()).hexdigest())
+            else:
+                out[p] = stat.S_IFMT(st.st_mode)
+    return out
+
+
+# The owner in another process: it opens the directory, acknowledges 3 of
+# billing's messages, leaves a transaction open on orders/0 with a plain
+# message after it, prints READY and what it sees, and waits for a line on
+# stdin; then it sends and commits one more transaction, commits the open
+# one and closes. Its background snapshots are pushed out so that it
+# writes nothing of its own while the commands read.
+HOLDER = r"""
+import json, sys
+import txmq, txmq.broker
+txmq.broker.SNAPSHOT_INTERVAL = 3600.0
+b = txmq.Broker(sys.argv[1], fsync="never", retention_check_interval=3600.0, half_check_interval=3600.0)
+c = b.subscribe("orders", "billing")
+c.ack(c.receive_many(3, timeout=1.0))
+c.close()
+p = b.producer("orders")
+txn = b.new_transaction(timeout=600)
+p.send_batch([b"open-1", b"open-2"], partition=0, txn=txn)
+p.send(b"after-open", partition=0)
+st = b.stats()["topics"]["orders"]
+print("READY", json.dumps({"txn": str(txn.id), "ends": b.describe_topic("orders")["end_offsets"],
+                           "lso": [q["max_read_position"] for q in st["partitions"]],
+                           "billing": st["subscriptions"]["billing"]}), flush=True)
+sys.stdin.readline()
+with b.transaction() as later:
+    p.send(b"later", partition=1, txn=later)
+txn.commit()
+b.close()
+print("DONE", flush=True)
+"""
+
+
+def test_read_commands_on_a_directory_another_process_holds(capsys, data):
+    def values(*extra):
+        code, out, _ = run(capsys, "consume", data, "orders", "--partition", "0", "--json", *extra)
+        assert code == 0
+        return [json.loads(x)["value"] for x in out.splitlines()]
+
+    committed, uncommitted = values(), values("--isolation", "read_uncommitted")
+    assert uncommitted == committed + ["aborted"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PY_DIR, os.environ.get("PYTHONPATH", "")]))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, data], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env)
+    try:
+        word, seen = holder.stdout.readline().split(" ", 1)
+        assert word == "READY"
+        seen = json.loads(seen)
+        txn, billing = seen["txn"], seen["billing"]
+        before = _files(data)
+
+        # consume: read_committed stops at the open transaction; read_uncommitted reads past it.
+        assert values() == committed
+        assert values("--isolation", "read_uncommitted") == uncommitted + ["open-1", "open-2", "after-open"]
+        code, out, err = run(capsys, "consume", data, "orders", "--partition", "0", "--from", seen["lso"][0],
+                             "--isolation", "read_uncommitted")
+        assert code == 0 and out == "open-1\nopen-2\nafter-open\n"
+        assert "consumed 3 message(s) from 'orders' (a non-durable read, read_uncommitted)" in err
+
+        code, out, _ = run(capsys, "topics", "list", data, "--json")
+        assert code == 0
+        assert {t["name"]: t["end_offsets"] for t in json.loads(out)}["orders"] == seen["ends"]
+        code, out, _ = run(capsys, "topics", "describe", data, "orders", "--json")
+        info = json.loads(out)
+        assert code == 0 and info["end_offsets"] == seen["ends"]
+        assert [q["max_read_position"] for q in info["partition_stats"]] == seen["lso"]
+        p0 = info["partition_stats"][0]
+        assert (p0["open_transactions"], p0["blocked_by"], p0["source"]) == (1, txn, "readview")
+        assert info["subscription_stats"]["billing"]["backlog"] == billing["backlog"] == 23
+
+        code, out, _ = run(capsys, "transactions", "list", data)
+        assert code == 0
+        head, row = out.splitlines()
+        assert row.split()[:2] == [txn, "OPEN"] and row.split()[-2:] == ["orders/0", "-"]
+        code, out, _ = run(capsys, "transactions", "describe", data, txn, "--json")
+        described = json.loads(out)
+        assert code == 0 and described["blocking"] == ["orders/0"] and described["timeout_s"] == 600
+
+        code, out, _ = run(capsys, "subscriptions", "describe", data, "orders", "billing", "--json")
+        sub = json.loads(out)
+        assert code == 0 and sub["backlog"] == 23
+        assert [q["mark_delete"] for q in sub["partitions"]] == [q["mark_delete"] for q in billing["partitions"]]
+        code, out, _ = run(capsys, "subscriptions", "list", data)
+        assert code == 0 and out.splitlines()[1].split() == ["orders", "billing", "exclusive", "read_committed", "23"]
+
+        code, out, _ = run(capsys, "stats", data)
+        assert code == 0
+        assert out.startswith(f"data directory {data} (a read-only view; held by pid {holder.pid})\n")
+        assert "transactions: 1 open, 0 committing, 0 aborting" in out
+        code, out, _ = run(capsys, "stats", data, "--json")
+        st = json.loads(out)
+        assert st["writer_pid"] == holder.pid and [t["id"] for t in st["transactions"]] == [txn]
+
+        for argv in WRITE_COMMANDS:           # these need the owner
+            code, out, err = run(capsys, *[a.format(d=data) for a in argv])
+            assert code == exits.LOCKED and f"(pid {holder.pid}) holds it open" in err, argv
+        assert _files(data) == before         # nothing written, created or removed
+
+        out, _ = holder.communicate("go\n", timeout=60)
+        assert out.strip() == "DONE" and holder.returncode == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert values() == committed + ["open-1", "open-2", "after-open"]
+    code, out, _ = run(capsys, "consume", data, "orders", "--partition", "1")
+    assert code == 0 and out.splitlines()[-1] == "later"
+    code, out, _ = run(capsys, "transactions", "list", data)
+    assert out == "no live transactions\n"
+
+
+def test_spinner_while_reading_and_opening(capsys, monkeypatch, data):
     monkeypatch.setattr(output, "SPINNER_DELAY_S", 0.0)
-    real = txmq.Broker
+    real_view = readonly.ReadOnlyDirectory.view
+
+    def slow_view(self, *a, **k):            # a partition its dead owner left unpublished: scanned
+        time.sleep(0.1)
+        return real_view(self, *a, **k)
+
+    monkeypatch.setattr(readonly.ReadOnlyDirectory, "view", slow_view)
+    code, _, err = run(capsys, "topics", "list", data, "--progress")
+    assert code == 0 and f"reading {os.path.abspath(data)}" in err and " s" in err
+    code, _, err = run(capsys, "topics", "list", data, "--no-progress")
+    assert code == 0 and err == ""
+    real_broker = txmq.Broker
 
     def slow_broker(path, *a, **k):
         time.sleep(0.3)
-        return real(path, *a, **k)
+        return real_broker(path, *a, **k)
 
     monkeypatch.setattr(txmq, "Broker", slow_broker)
-    code, _, err = run(capsys, "topics", "list", data, "--progress")
-    assert code == 0 and f"opening {data}" in err and " s" in err
-    code, _, err = run(capsys, "topics", "list", data, "--no-progress")
-    assert code == 0 and err == ""
+    code, _, err = run(capsys, "topics", "create", data, "more", "--progress")
+    assert code == 0 and f"opening {data}" in err
 
 
 # -- check ----------------------------------------------------------------------------------------

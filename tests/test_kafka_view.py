@@ -257,13 +257,14 @@ def check_partition(broker, topic, p, rng=None, exhaustive=False) -> PartitionSc
 
 
 def copy_live_dir(src: str, dst: str) -> None:
-    """Copy a live broker's data directory file by file (its LOCK and the
-    temporary files of a snapshot being written excepted)."""
+    """Copy a live broker's data directory file by file (its LOCK, its
+    control socket and the temporary files of a snapshot being written
+    excepted)."""
     for root, _, files in os.walk(src):
         out = os.path.join(dst, os.path.relpath(root, src))
         os.makedirs(out, exist_ok=True)
         for name in files:
-            if name == "LOCK" or name.endswith(".tmp"):
+            if name in ("LOCK", "control.sock") or name.endswith(".tmp"):
                 continue
             try:
                 shutil.copyfile(os.path.join(root, name), os.path.join(out, name))

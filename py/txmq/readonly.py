@@ -658,14 +658,19 @@ def _deliverable(view: PartitionView, start: int, limit: int, committed: bool) -
 def _read_redo(path: str):
     """Frames ``[(type, payload)]`` of a redo log from its last SNAPSHOT
     on, up to its first torn or bad frame; None when the file is missing
-    or its header is not a redo log's. Nothing is truncated."""
+    or its header is not written yet. A header that is not a redo log's is
+    refused, as the broker refuses it. Nothing is truncated."""
     try:
         with builtin_open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         return None
-    if len(data) < len(FILE_HEADER) or data[:5] != FILE_HEADER[:5]:
+    if len(data) < len(FILE_HEADER):
         return None
+    if data[:4] != FILE_HEADER[:4]:
+        raise CorruptLogError(path, 0, f"bad redo-log magic {data[:4].hex()}")
+    if data[4] != FILE_HEADER[4]:
+        raise CorruptLogError(path, 4, f"unknown redo-log version {data[4]}")
     frames, _, _ = parse_frames(data)
     last = max((i for i, fr in enumerate(frames) if fr[0] == SNAPSHOT), default=0)
     return [(t, payload) for t, payload, _ in frames[last:]]

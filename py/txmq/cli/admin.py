@@ -1,11 +1,16 @@
 """Inspection and administration commands: ``topics``, ``subscriptions``,
-``transactions`` and ``stats``. Each prints a table, or JSON with ``--json``."""
+``transactions`` and ``stats``. Each prints a table, or JSON with ``--json``.
+
+The inspecting ones read a :class:`~txmq.cli.view.DirectoryView` (no lock,
+no writes: they work beside the directory's owner); the ones that change
+something open a broker. The lookups below serve both: they call only
+``topics()`` and ``describe_topic()``, which the two have alike."""
 
 from __future__ import annotations
 
 from txmq.cli import exits, opening
 from txmq.cli.output import emit_json, size, table
-from txmq.errors import InvalidArgumentError, TransactionNotFoundError
+from txmq.errors import InvalidArgumentError
 from txmq.txn import TxnID
 
 POSITIONS = ("earliest", "latest")
@@ -13,8 +18,8 @@ POSITIONS = ("earliest", "latest")
 
 # -- lookups with errors that say what exists ------------------------------------------
 
-def require_topic(broker, name: str) -> None:
-    topics = broker.topics()
+def require_topic(source, name: str) -> None:
+    topics = source.topics()
     if name in topics:
         return
     if topics:
@@ -23,14 +28,12 @@ def require_topic(broker, name: str) -> None:
                          f"(create one with `txmq topics create DIR {name}`)")
 
 
-def require_subscription(broker, topic: str, name: str) -> dict:
-    """The stats of subscription ``name`` of ``topic`` (its type, isolation, cursors)."""
-    require_topic(broker, topic)
-    subs = broker.stats()["topics"][topic]["subscriptions"]
-    if name in subs:
-        return subs[name]
-    existing = ", ".join(sorted(subs)) or "none"
-    raise exits.CliError(f"topic {topic!r} has no subscription {name!r}; its subscriptions: {existing}")
+def require_subscription(source, topic: str, name: str) -> None:
+    require_topic(source, topic)
+    subs = source.describe_topic(topic)["subscriptions"]
+    if name not in subs:
+        existing = ", ".join(sorted(subs)) or "none"
+        raise exits.CliError(f"topic {topic!r} has no subscription {name!r}; its subscriptions: {existing}")
 
 
 def parse_txn_id(text: str) -> TxnID:
@@ -61,8 +64,8 @@ def check_offset(what: str, offset: int, topic: str, partition: int, start: int,
                              f"an offset from {start} to {end}")
 
 
-def partitions_of(broker, topic: str, partition) -> list:
-    n = broker.describe_topic(topic)["partitions"]
+def partitions_of(source, topic: str, partition) -> list:
+    n = source.describe_topic(topic)["partitions"]
     if partition is None:
         return list(range(n))
     if not 0 <= partition < n:
@@ -73,8 +76,8 @@ def partitions_of(broker, topic: str, partition) -> list:
 # -- topics ----------------------------------------------------------------------------
 
 def topics_list(args) -> int:
-    with opening.open_for_reading(args.dir, args.progress) as broker:
-        topics = [broker.describe_topic(name) for name in broker.topics()]
+    with opening.open_for_reading(args.dir, args.progress) as view:
+        topics = [view.describe_topic(name) for name in view.topics()]
     if args.json:
         emit_json(topics)
         return exits.OK
@@ -100,21 +103,20 @@ def _retention(t: dict) -> str:
 
 
 def topics_describe(args) -> int:
-    with opening.open_for_reading(args.dir, args.progress) as broker:
-        require_topic(broker, args.topic)
-        info = broker.describe_topic(args.topic)
-        stats = broker.stats()["topics"][args.topic]
-    info["partition_stats"] = stats["partitions"]
-    info["subscription_stats"] = stats["subscriptions"]
+    with opening.open_for_reading(args.dir, args.progress) as view:
+        require_topic(view, args.topic)
+        info = view.describe_topic(args.topic)
+        info["partition_stats"] = view.partition_stats(args.topic)
+        info["subscription_stats"] = view.subscription_stats(args.topic)
     if args.json:
         emit_json(info)
         return exits.OK
     print(f"topic {info['name']}: {info['partitions']} partition(s), retention {_retention(info)}")
     print()
-    _partition_table(stats["partitions"])
+    _partition_table(info["partition_stats"])
     print()
     _subscription_table([dict(s, topic=args.topic, subscription=name)
-                         for name, s in sorted(stats["subscriptions"].items())], with_topic=False)
+                         for name, s in sorted(info["subscription_stats"].items())], with_topic=False)
     return exits.OK
 
 
@@ -134,8 +136,8 @@ def _subscription_table(rows: list, with_topic: bool = True) -> None:
         return
     cols = [("topic", "topic")] if with_topic else []
     cols += [("subscription", "subscription"), ("type", "type"), ("isolation", "isolation"),
-             ("backlog", "backlog"), ("unacked", "unacked"), ("consumers", "consumers")]
-    table([dict(r, consumers=len(r["consumers"])) for r in rows], cols)
+             ("backlog", "backlog")]
+    table(rows, cols)
 
 
 def topics_create(args) -> int:
@@ -163,13 +165,12 @@ def topics_delete(args) -> int:
 # -- subscriptions -----------------------------------------------------------------------
 
 def subscriptions_list(args) -> int:
-    with opening.open_for_reading(args.dir, args.progress) as broker:
+    with opening.open_for_reading(args.dir, args.progress) as view:
         if args.topic is not None:
-            require_topic(broker, args.topic)
-        stats = broker.stats()["topics"]
-    rows = [dict(s, topic=t, subscription=name)
-            for t, ts in sorted(stats.items()) if args.topic in (None, t)
-            for name, s in sorted(ts["subscriptions"].items())]
+            require_topic(view, args.topic)
+        rows = [dict(s, topic=t, subscription=name)
+                for t in view.topics() if args.topic in (None, t)
+                for name, s in sorted(view.subscription_stats(t).items())]
     if args.json:
         emit_json([{k: v for k, v in r.items() if k != "partitions"} for r in rows])
         return exits.OK
@@ -178,35 +179,38 @@ def subscriptions_list(args) -> int:
 
 
 def subscriptions_describe(args) -> int:
-    with opening.open_for_reading(args.dir, args.progress) as broker:
-        sub = require_subscription(broker, args.topic, args.subscription)
-        parts = broker.stats()["topics"][args.topic]["partitions"]
+    return _describe_subscription(args, None)
+
+
+def _describe_subscription(args, headline: str | None) -> int:
+    """``subscriptions describe``, also what ``reset`` prints after it."""
+    with opening.open_for_reading(args.dir, args.progress) as view:
+        require_subscription(view, args.topic, args.subscription)
+        sub = view.subscription_stats(args.topic)[args.subscription]
+        parts = view.partition_stats(args.topic)
     sub = dict(sub, topic=args.topic, subscription=args.subscription)
     if args.json:
         emit_json(sub)
         return exits.OK
-    _print_subscription(sub, parts)
-    return exits.OK
-
-
-def _print_subscription(sub: dict, parts: list) -> None:
+    if headline:
+        print(headline)
+        print()
     print(f"subscription {sub['subscription']} on {sub['topic']}: {sub['type']}, {sub['isolation']}, "
-          f"backlog {sub['backlog']:,}, consumers {len(sub['consumers'])}")
+          f"backlog {'-' if sub['backlog'] is None else format(sub['backlog'], ',')}")
     print()
     table([dict(p, end=parts[p["partition"]]["end_offset"], lso=parts[p["partition"]]["max_read_position"])
            for p in sub["partitions"]],
           [("partition", "partition"), ("mark_delete", "mark-delete"),
-           ("individually_acked", "acked above"), ("backlog", "backlog"), ("end", "end"),
-           ("lso", "last stable")])
-    for p in sub["partitions"]:
-        for problem in p.get("cursor_problems_on_open") or ():
-            print(f"partition {p['partition']}: {problem}")
+           ("individually_acked", "acked above"), ("pending_transactions", "pending txns"),
+           ("backlog", "backlog"), ("end", "end"), ("lso", "last stable")])
+    return exits.OK
 
 
 def subscriptions_reset(args) -> int:
     target = parse_position(args.to)
     with opening.open_for_writing(args.dir, args.progress) as broker:
-        sub = require_subscription(broker, args.topic, args.subscription)
+        require_subscription(broker, args.topic, args.subscription)
+        sub = broker.stats()["topics"][args.topic]["subscriptions"][args.subscription]
         partitions = partitions_of(broker, args.topic, args.partition)
         if isinstance(target, int):
             if args.partition is None and len(partitions) > 1:
@@ -222,16 +226,8 @@ def subscriptions_reset(args) -> int:
             consumer.seek(target, partition=args.partition)
         finally:
             consumer.close()
-        after = broker.stats()["topics"][args.topic]
-    sub = dict(after["subscriptions"][args.subscription], topic=args.topic, subscription=args.subscription)
-    if args.json:
-        emit_json(sub)
-        return exits.OK
     where = "every partition" if args.partition is None else f"partition {args.partition}"
-    print(f"reset {args.topic}/{args.subscription} to {args.to} on {where}")
-    print()
-    _print_subscription(sub, after["partitions"])
-    return exits.OK
+    return _describe_subscription(args, f"reset {args.topic}/{args.subscription} to {args.to} on {where}")
 
 
 # -- transactions ------------------------------------------------------------------------
@@ -241,8 +237,8 @@ _TXN_COLUMNS = [("id", "id"), ("state", "state"), ("age_s", "age s"), ("timeout_
 
 
 def transactions_list(args) -> int:
-    with opening.open_for_reading(args.dir, args.progress) as broker:
-        txns = broker.transactions()
+    with opening.open_for_reading(args.dir, args.progress) as view:
+        txns = view.transactions()
     if args.json:
         emit_json(txns)
         return exits.OK
@@ -255,10 +251,11 @@ def transactions_list(args) -> int:
 
 def transactions_describe(args) -> int:
     txn_id = parse_txn_id(args.txn)
-    with opening.open_for_reading(args.dir, args.progress) as broker:
-        info = _txn_info(broker, txn_id)
-        info["blocking"] = [f"{t}/{i}" for t, ts in sorted(broker.stats()["topics"].items())
-                            for i, p in enumerate(ts["partitions"]) if p["blocked_by"] == info["id"]]
+    with opening.open_for_reading(args.dir, args.progress) as view:
+        info = _live(view.transactions(), txn_id, "")
+        partitions = sorted(set(info["partitions"]))
+        info = dict(info, blocking=[name for name in partitions
+                                    if _blocked_by(view, *name.rsplit("/", 1)) == info["id"]])
     if args.json:
         emit_json(info)
         return exits.OK
@@ -272,7 +269,8 @@ def transactions_describe(args) -> int:
 def transactions_abort(args) -> int:
     txn_id = parse_txn_id(args.txn)
     with opening.open_for_writing(args.dir, args.progress) as broker:
-        _txn_info(broker, txn_id)
+        _live(broker.transactions(), txn_id, "; opening a directory as its owner ends every transaction "
+                                             "its previous owner left open")
         broker.abort_transaction(txn_id)
     if args.json:
         emit_json({"aborted": str(txn_id)})
@@ -281,46 +279,51 @@ def transactions_abort(args) -> int:
     return exits.OK
 
 
-def _txn_info(broker, txn_id: TxnID) -> dict:
-    try:
-        return broker.transaction_info(txn_id)
-    except TransactionNotFoundError:
-        live = ", ".join(t["id"] for t in broker.transactions()) or "none"
-        raise exits.CliError(f"transaction {txn_id} is not live (live transactions: {live}); ended "
-                             f"transactions are forgotten, and opening a directory ends every "
-                             f"transaction its previous owner left open") from None
+def _live(txns: list, txn_id: TxnID, why: str) -> dict:
+    """The entry of ``txn_id`` in ``txns`` (``transactions()`` of a view
+    or a broker), else an error that lists the live ones."""
+    for t in txns:
+        if t["id"] == str(txn_id):
+            return t
+    live = ", ".join(t["id"] for t in txns) or "none"
+    raise exits.CliError(f"transaction {txn_id} is not live (live transactions: {live}); ended "
+                         f"transactions are forgotten{why}")
+
+
+def _blocked_by(view, topic: str, partition: str):
+    if topic not in view.topics():
+        return None                 # deleted since the transaction wrote to it
+    return view.partition_stats(topic)[int(partition)]["blocked_by"]
 
 
 # -- stats -------------------------------------------------------------------------------
 
 def stats(args) -> int:
-    with opening.open_for_reading(args.dir, args.progress) as broker:
-        st = broker.stats()
+    with opening.open_for_reading(args.dir, args.progress) as view:
+        st = {"path": view.path, "writer_pid": view.writer_pid,
+              "topics": {name: {"partitions": view.partition_stats(name),
+                                "subscriptions": view.subscription_stats(name)} for name in view.topics()},
+              "transactions": view.transactions()}
+        held_by = view.held_by()
     if args.json:
         emit_json(st)
         return exits.OK
-    print(f"data directory {st['path']}")
+    print(f"data directory {st['path']} (a read-only view; {held_by})")
     for name, t in sorted(st["topics"].items()):
         print()
         print(f"topic {name}")
         _partition_table(t["partitions"])
         _subscription_table([dict(s, topic=name, subscription=sname)
                              for sname, s in sorted(t["subscriptions"].items())], with_topic=False)
-    tx = st["transactions"]
+    states = [t["state"] for t in st["transactions"]]
     print()
-    print(f"transactions: {tx['open']} open, {tx['begun']} begun, {tx['committed']} committed, "
-          f"{tx['aborted']} aborted, {tx['timed_out']} timed out since open; recovered on open: "
-          f"{tx['recovered']['committed']} committed, {tx['recovered']['aborted']} aborted")
-    problems = [f"{name}/{i}: {d}" for name, t in sorted(st["topics"].items())
-                for i, p in enumerate(t["partitions"]) for d in p["truncated_on_open"]]
-    problems += [f"{name}/{sname}: {c}" for name, t in sorted(st["topics"].items())
-                 for sname, s in sorted(t["subscriptions"].items())
-                 for p in s["partitions"] for c in p.get("cursor_problems_on_open") or ()]
-    problems += list(tx.get("coordinator_problems_on_open") or ())
-    problems += list(st.get("producers", {}).get("registry_problems_on_open") or ())
-    if problems:
+    print(f"transactions: {states.count('OPEN')} open, {states.count('COMMITTING')} committing, "
+          f"{states.count('ABORTING')} aborting (`txmq transactions list` lists them)")
+    scanned = [f"{name}/{i}" for name, t in sorted(st["topics"].items())
+               for i, p in enumerate(t["partitions"]) if p["source"] != "readview"]
+    if scanned:
         print()
-        print("repaired on open:")
-        for p in problems:
-            print(f"  {p}")
+        print(f"not closed cleanly by its last owner: {', '.join(scanned)} (read past the last published "
+              f"view; the next owner recovers them and ends their open transactions; `txmq check` "
+              f"reports torn tails)")
     return exits.OK

@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop before this offset, or at latest (default: the end when the read began)")
     p.add_argument("-n", "--max-messages", type=_positive_int, help="stop after this many messages")
     p.add_argument("--timeout", type=_seconds, default=1.0,
-                   help="stop when no message came for this many seconds (default 1)")
+                   help="with --subscription: stop when no message came for this many seconds "
+                        "(default 1); a non-durable read never waits")
     p.add_argument("--format", choices=("raw", "json"), default="raw",
                    help="raw: the value and a newline; json: one object per line")
     p.add_argument("--json", action="store_true", help="the same as --format json")
@@ -206,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "on a topic of several partitions)")
     p.set_defaults(run=admin.subscriptions_reset)
 
-    p = sub.add_parser("stats", parents=both, help="every topic, partition, subscription and transaction counter")
+    p = sub.add_parser("stats", parents=both, help="every topic, partition, subscription and live transaction (read-only)")
     data_dir(p)
     p.set_defaults(run=admin.stats)
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from txmq import _half
+from txmq import _half, readonly
 from txmq._ackset import AckSet
 from txmq._log import FLAG, Segment, crc32c_of
 from txmq._producers import ProducerStates
@@ -95,9 +95,9 @@ def check(args) -> int:
 def check_directory(path: str, progress: bool = False) -> Report:
     """Check every file under ``path``; read-only."""
     report = Report()
-    holder = opening.lock_holder(path)
+    holder = readonly.writer_pid(path)
     if holder is not None:
-        report.notes.append(f"process {holder} holds the directory: what it is writing now may show "
+        report.notes.append(f"process {holder or '(pid not visible)'} holds the directory: what it is writing now may show "
                             f"as a torn tail")
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
                 if os.path.isfile(os.path.join(d, f)))

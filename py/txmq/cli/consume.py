@@ -1,35 +1,30 @@
 """``txmq consume``: messages of a topic to stdout.
 
 With ``--subscription NAME`` it reads as that durable subscription (created
-if missing) and acknowledges every message once it is written to stdout.
+if missing) through a broker, so it needs the directory free, and
+acknowledges every message once it is written to stdout. It ends at
+``--until``, after ``--max-messages``, or when no message came for
+``--timeout`` seconds.
 
-Without, the read is non-durable: it must leave the subscriptions as they
-were. The broker has no call that reads a partition without a cursor, so
-the read uses a temporary subscription, ``txmq-cli-read-<pid>-<ns>``, which
-is deleted when the read ends (also on Ctrl-C or an error). A kill -9 could
-leave one behind: since only the process holding the directory lock can
-have created one, any such subscription found by a later non-durable read
-of the topic is a leftover and is deleted first. (With ``txmq.readonly``
-this becomes a plain read of the mapped segments, through
-:func:`txmq.cli.opening.open_for_reading`, which it already uses.)
-
-A read ends at ``--until`` (exclusive; default ``latest``: the end when the
-read began, the last stable offset for read_committed, else the log end),
-after ``--max-messages``, or when no message came for ``--timeout``
-seconds.
+Without, the read is non-durable: a plain read of the mapped segments
+through :func:`txmq.cli.opening.open_for_reading` (``txmq.readonly``). It
+takes no lock and writes nothing, so it leaves every subscription as it
+was and works beside the directory's owner. Each partition is read from
+one view taken when the read begins, from ``--from`` up to ``--until``
+(exclusive; default ``latest``: the last stable offset of that view for
+read_committed, else its log end), partition after partition, and ends
+there or after ``--max-messages``; it never waits.
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
-import os
 import sys
-import time
 
 from txmq.cli import admin, exits, opening
 
-TEMP_PREFIX = "txmq-cli-read-"
 RECEIVE_MAX = 1000
 
 
@@ -37,36 +32,77 @@ def consume(args) -> int:
     start = admin.parse_position(args.from_) if args.from_ is not None else None
     until = admin.parse_position(args.until)
     fmt = "json" if args.json else args.format
-    durable = args.subscription is not None
-    opener = opening.open_for_writing if durable else opening.open_for_reading
-    with opener(args.dir, args.progress) as broker:
-        admin.require_topic(broker, args.topic)
-        selected = admin.partitions_of(broker, args.topic, args.partition)
-        info = broker.describe_topic(args.topic)
-        for what, pos in (("--from", start), ("--until", until)):
-            if isinstance(pos, int):
-                if args.partition is None and info["partitions"] > 1:
-                    raise exits.CliError(f"an offset is a position in one partition: {what} {pos} needs "
-                                         f"--partition P (topic {args.topic!r} has {info['partitions']} "
-                                         f"partitions)")
-                p = selected[0]
-                admin.check_offset(what, pos, args.topic, p, info["start_offsets"][p], info["end_offsets"][p])
-        if isinstance(start, int) and isinstance(until, int) and until < start:
-            raise exits.CliError(f"bad offset: --until {until} is before --from {start}")
-        if durable:
+    if args.subscription is None:
+        isolation = args.isolation or "read_committed"
+        with opening.open_for_reading(args.dir, args.progress) as view:
+            selected = _partitions(view, args, start, until)
+            n = _read_view(view, args, selected, start, until, isolation, fmt)
+        how = "a non-durable read"
+    else:
+        with opening.open_for_writing(args.dir, args.progress) as broker:
+            selected = _partitions(broker, args, start, until)
             consumer, isolation = _durable(broker, args, start)
-        else:
-            consumer, isolation = _temporary(broker, args, start or "earliest", selected)
-        try:
-            n = _read(broker, consumer, args, selected, until, isolation, fmt, durable)
-        finally:
-            if durable:
+            try:
+                n = _read_subscription(broker, consumer, args, selected, until, isolation, fmt)
+            finally:
                 consumer.close()
-            else:
-                consumer.unsubscribe()
-    how = f"subscription {args.subscription!r}" if durable else "a non-durable read"
+        how = f"subscription {args.subscription!r}"
     print(f"consumed {n:,} message(s) from {args.topic!r} ({how}, {isolation})", file=sys.stderr)
     return exits.OK
+
+
+def _partitions(source, args, start, until) -> list:
+    """The partitions to read, once --from and --until are checked
+    against them (``source``: a view or a broker)."""
+    admin.require_topic(source, args.topic)
+    selected = admin.partitions_of(source, args.topic, args.partition)
+    info = source.describe_topic(args.topic)
+    for what, pos in (("--from", start), ("--until", until)):
+        if isinstance(pos, int):
+            if args.partition is None and info["partitions"] > 1:
+                raise exits.CliError(f"an offset is a position in one partition: {what} {pos} needs "
+                                     f"--partition P (topic {args.topic!r} has {info['partitions']} "
+                                     f"partitions)")
+            p = selected[0]
+            admin.check_offset(what, pos, args.topic, p, info["start_offsets"][p], info["end_offsets"][p])
+    if isinstance(start, int) and isinstance(until, int) and until < start:
+        raise exits.CliError(f"bad offset: --until {until} is before --from {start}")
+    return selected
+
+
+def _read_view(view, args, selected, start, until, isolation, fmt) -> int:
+    printed = 0
+    for p in selected:
+        part = view.partition(args.topic, p)
+        messages = part.read(_offset(start, part, isolation), _offset(until, part, isolation), isolation)
+        if args.max_messages is not None:
+            messages = itertools.islice(messages, args.max_messages - printed)
+        while chunk := list(itertools.islice(messages, RECEIVE_MAX)):
+            _write(chunk, fmt)
+            printed += len(chunk)
+    return printed
+
+
+def _offset(pos, part, isolation: str) -> int:
+    """--from / --until in one partition's view (None: --from's default)."""
+    if pos in (None, "earliest"):
+        return part.log_start
+    if pos == "latest":
+        return part.limit(isolation, None)
+    return pos
+
+
+def _write(messages: list, fmt: str) -> None:
+    out = sys.stdout
+    if fmt == "raw":
+        out.flush()
+        for m in messages:
+            out.buffer.write(m.value)
+            out.buffer.write(b"\n")
+        out.buffer.flush()
+    else:
+        out.write("".join(json.dumps(message_json(m)) + "\n" for m in messages))
+        out.flush()
 
 
 def _durable(broker, args, start):
@@ -91,26 +127,7 @@ def _durable(broker, args, start):
     return consumer, isolation
 
 
-def _temporary(broker, args, start, selected):
-    isolation = args.isolation or "read_committed"
-    stats = broker.stats()["topics"][args.topic]["subscriptions"]
-    for name, s in stats.items():
-        if name.startswith(TEMP_PREFIX):        # left by a non-durable read that was killed
-            broker.subscribe(args.topic, name, s["type"], isolation=s["isolation"]).unsubscribe()
-    name = f"{TEMP_PREFIX}{os.getpid()}-{time.time_ns()}"
-    consumer = broker.subscribe(args.topic, name, "exclusive", isolation=isolation,
-                                initial_position="earliest")
-    try:
-        n = broker.describe_topic(args.topic)["partitions"]
-        for p in range(n):
-            consumer.seek(start if p in selected else "latest", partition=p)
-    except BaseException:
-        consumer.unsubscribe()
-        raise
-    return consumer, isolation
-
-
-def _read(broker, consumer, args, selected, until, isolation, fmt, durable) -> int:
+def _read_subscription(broker, consumer, args, selected, until, isolation, fmt) -> int:
     topic = args.topic
     end_of = broker.last_stable_offset if isolation == "read_committed" else broker.high_watermark
     limit = {p: until if isinstance(until, int) else end_of(topic, p) for p in selected}
@@ -121,9 +138,6 @@ def _read(broker, consumer, args, selected, until, isolation, fmt, durable) -> i
              for p in broker.stats()["topics"][topic]["subscriptions"][sub]["partitions"]}
     lag = broker.consumer_lag(topic, sub)
     pending = {p for p in selected if marks[p] < limit[p] and lag.get(p, 0) > 0}
-    out = sys.stdout
-    out.flush()
-    write = out.buffer.write if fmt == "raw" else None
     printed = 0
     while pending and (args.max_messages is None or printed < args.max_messages):
         want = RECEIVE_MAX if args.max_messages is None else min(RECEIVE_MAX, args.max_messages - printed)
@@ -137,16 +151,9 @@ def _read(broker, consumer, args, selected, until, isolation, fmt, durable) -> i
                 keep.append(m)
             if mid.partition in limit and mid.offset >= limit[mid.partition] - 1:
                 pending.discard(mid.partition)
-        if fmt == "raw":
-            for m in keep:
-                write(m.value)
-                write(b"\n")
-        else:
-            for m in keep:
-                out.write(json.dumps(message_json(m)) + "\n")
-        out.flush()
+        _write(keep, fmt)
         # Acknowledged only once written: a failed write leaves them unacknowledged.
-        consumer.ack(keep if durable else ms)
+        consumer.ack(keep)
         printed += len(keep)
         if len(ms) < want:
             # Drained what is deliverable now: a partition with nothing left

@@ -18,13 +18,19 @@ REFUSED = 5         # the broker refused the operation in its current state
 INTERRUPTED = 130   # Ctrl-C
 BROKEN_PIPE = 141   # the reader of stdout went away (128 + SIGPIPE)
 
+# What works while another process holds the directory (they open it
+# through txmq.readonly, txmq.cli.opening.open_for_reading; check reads files).
+READ_ONLY_COMMANDS = ("topics list|describe", "consume without --subscription", "subscriptions list|describe",
+                      "transactions list|describe", "stats", "check")
+
 EPILOG = """\
 exit codes:
   0    success
   1    check found problems, the demo failed, or a benchmark failed
   2    usage or input error (bad option, unknown topic, subscription or
        transaction, bad offset, unreadable input, missing data directory)
-  3    the data directory is locked by another process
+  3    the data directory is locked by another process (for a command
+       that changes it; read-only commands work beside its owner)
   4    a file of the data directory is corrupt (path and byte are printed;
        run `txmq check DIR`)
   5    the broker refused the operation (topic busy, transaction state, ...)
@@ -70,4 +76,6 @@ def from_broker_error(e: errors.TxmqError) -> CliError:
 def locked_error(path: str, holder: str | None) -> CliError:
     who = f" ({holder})" if holder else ""
     return CliError(f"data directory {path} is locked: another process{who} holds it open. "
-                    f"Stop that process (or wait for it to exit) and run the command again", LOCKED)
+                    f"Stop that process (or wait for it to exit) and run the command again; "
+                    f"read-only commands work while it holds the directory: {', '.join(READ_ONLY_COMMANDS)}",
+                    LOCKED)

@@ -1,14 +1,14 @@
 """How the command line opens a data directory.
 
-Every command that only reads (``topics list|describe``, ``consume``
-without ``--subscription``, ``transactions list|describe``,
-``subscriptions list|describe``, ``stats``) goes through
-:func:`open_for_reading`, and nothing else: it is the one place that will
-switch to ``txmq.readonly`` (a read-only view of a directory another
-process holds, through its mmap'd ``readview`` files). For now it opens a
-``txmq.Broker``, so a directory held by another process is refused with
-the "directory locked" error (exit 3). Commands that change the directory
-use :func:`open_for_writing`. ``txmq check`` opens no broker at all.
+Every command that only reads (:data:`txmq.cli.exits.READ_ONLY_COMMANDS`) goes through
+:func:`open_for_reading`, and nothing else: a
+:class:`~txmq.cli.view.DirectoryView` over ``txmq.readonly``. It takes no
+lock and writes nothing, so these commands work the same on a directory
+another process holds open (they show what it has published) and on one
+no process holds (they show the files as they are; nothing is recovered).
+Commands that change the directory use :func:`open_for_writing`: a
+``txmq.Broker``, which needs the directory free (else exit 3).
+``txmq check`` opens no broker at all.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 
 import txmq
 from txmq.cli import exits, output
+from txmq.cli.view import DirectoryView
 from txmq.errors import DataDirLockedError, TxmqError
 
 
@@ -34,12 +35,12 @@ def require_data_dir(path: str) -> str:
     return path
 
 
-def open_for_reading(path: str, progress=None) -> txmq.Broker:
+def open_for_reading(path: str, progress=None) -> DirectoryView:
     """The data directory at ``path``, to read from (use it as a context
-    manager). Raises CliError: missing directory (exit 2), locked by another
-    process (exit 3), corrupt file (exit 4)."""
+    manager), whether or not another process holds it. Raises CliError:
+    missing directory (exit 2); the reads raise corrupt file (exit 4)."""
     require_data_dir(path)
-    return _open(path, progress)
+    return DirectoryView(path, progress)
 
 
 def open_for_writing(path: str, progress=None, create: bool = False) -> txmq.Broker:
@@ -47,10 +48,6 @@ def open_for_writing(path: str, progress=None, create: bool = False) -> txmq.Bro
     when ``path`` does not exist."""
     if not (create and not os.path.exists(path)):
         require_data_dir(path)
-    return _open(path, progress)
-
-
-def _open(path: str, progress) -> txmq.Broker:
     # Opening recovers the directory (scans segment tails, replays logs):
     # on a large directory that takes a while, so show that it is working.
     try:
@@ -64,23 +61,3 @@ def _open(path: str, progress) -> txmq.Broker:
         raise exits.CliError(f"cannot open data directory {path}: {e.strerror} ({e.filename}); "
                              f"run as a user who may write it") from None
 
-
-def lock_holder(path: str) -> int | None:
-    """The pid holding ``<path>/LOCK`` (flock), or None, found without
-    taking the lock (a writer starting meanwhile must not fail): Linux lists
-    flocks with their inode in /proc/locks."""
-    lock = os.path.join(path, "LOCK")
-    try:
-        st = os.stat(lock)
-        with open("/proc/locks") as f:
-            entries = f.read().splitlines()
-    except OSError:
-        return None
-    for line in entries:
-        fields = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit():
-            dev_inode = fields[5].split(":")
-            if len(dev_inode) == 3 and dev_inode[2].isdigit() and int(dev_inode[2]) == st.st_ino:
-                return int(fields[4])
-    return None
