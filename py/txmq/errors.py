@@ -295,3 +295,14 @@ class InvalidHalfStateError(TxmqError):
 class StagingError(TxmqError):
     """Staged batches cannot be ingested: an attempt is missing, was not
     closed, or holds a file that does not belong there (``txmq.ingest``)."""
+
+
+class DataLossError(TxmqError):
+    """Offsets a read was planned for are gone (retention deleted them, or
+    the log is shorter than when the read was planned) and
+    ``failOnDataLoss`` is true (Spark's Kafka source's behaviour)."""
+
+    def __init__(self, topic: str, partition: int, wanted: int, have: int, what: str):
+        self.topic, self.partition, self.wanted, self.have = topic, partition, wanted, have
+        super().__init__(f"{topic}/{partition}: {what} (planned offset {wanted}, the log has {have}); "
+                         f"set option failOnDataLoss=false to read what is left")
