@@ -134,6 +134,14 @@ GROUPS = {
 }
 
 
+def add_comparison(group: str, comparison: Comparison) -> None:
+    """Register the comparison a benchmark module feeds (called when the
+    module is imported; importing it twice adds it once)."""
+    if group not in GROUPS:
+        COMPARISONS.append(comparison)
+        GROUPS[group] = [comparison]
+
+
 class Results:
     """Medians collected over the session: group -> side -> record."""
 

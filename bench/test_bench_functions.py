@@ -35,9 +35,7 @@ GROUP = "functions_identity_never"
 COMPARISON = conftest.Comparison(
     "identity function 100/txn vs raw consume-transform-produce loop, never", "function", "raw loop",
     0.8, ">=", note="goal >= 80% of the hand-written loop's throughput")
-if GROUP not in conftest.GROUPS:
-    conftest.COMPARISONS.append(COMPARISON)
-    conftest.GROUPS[GROUP] = [COMPARISON]
+conftest.add_comparison(GROUP, COMPARISON)
 
 
 def identity(m):

@@ -45,9 +45,7 @@ GROUP = "spark_full_scan"
 COMPARISON = conftest.Comparison(
     "Spark agg over 5M x (16 B key, 100 B value): txmq source vs Parquet scan", "txmq", "parquet",
     0.9, ">=", note="goal >= 0.9x Spark's scan of the same rows from a pyarrow Parquet file")
-if GROUP not in conftest.GROUPS:
-    conftest.COMPARISONS.append(COMPARISON)
-    conftest.GROUPS[GROUP] = [COMPARISON]
+conftest.add_comparison(GROUP, COMPARISON)
 
 
 @pytest.fixture(scope="module")

@@ -36,9 +36,7 @@ GROUP = "spark_sink"
 COMPARISON = conftest.Comparison("Spark batch write 2M x (16B key, 100B value): txmq vs a discarding sink",
                                  "txmq", "discard", 0.7, ">=",
                                  note="goal >= 70% of a sink that discards the Arrow batches")
-if GROUP not in conftest.GROUPS:
-    conftest.COMPARISONS.append(COMPARISON)
-    conftest.GROUPS[GROUP] = [COMPARISON]
+conftest.add_comparison(GROUP, COMPARISON)
 
 
 class _Discarded(WriterCommitMessage):

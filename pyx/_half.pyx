@@ -88,6 +88,20 @@ assert [RECORD_DTYPE.fields[n][1] for n in RECORD_DTYPE.names] == [
     <Py_ssize_t>&(<StateRecord *>NULL).store_time, <Py_ssize_t>&(<StateRecord *>NULL).group_hash,
     <Py_ssize_t>&(<StateRecord *>NULL).state, <Py_ssize_t>&(<StateRecord *>NULL).check_count]
 
+cdef inline void fill(StateRecord *r, int64_t offset, int32_t size, int32_t store_time, int32_t group_hash,
+                      int32_t state, int32_t check_count) noexcept nogil:
+    r.offset = offset
+    r.size = size
+    r.store_time = store_time
+    r.group_hash = group_hash
+    r.state = state
+    r.check_count = check_count
+
+
+cdef inline bint is_due(const StateRecord *r, int32_t cutoff_s, int32_t max_checks) noexcept nogil:
+    return r.state == S_PREPARED and r.store_time <= cutoff_s and (max_checks < 0 or r.check_count < max_checks)
+
+
 cdef enum:
     RECORD_FRAME_SIZE = 8 + 28 + 12
     UPDATE_ENTRY_SIZE = 16
@@ -191,13 +205,7 @@ cdef class StateTable:
         """Write one whole record."""
         if index >= self.end:
             self.extend(index + 1)
-        cdef StateRecord *r = self.at(index)
-        r.offset = offset
-        r.size = size
-        r.store_time = store_time
-        r.group_hash = group_hash
-        r.state = state
-        r.check_count = check_count
+        fill(self.at(index), offset, size, store_time, group_hash, state, check_count)
         self.mark(index - self.base, state)
 
     def set_state(self, int64_t index, int32_t state, int32_t check_count):
@@ -243,8 +251,7 @@ cdef class StateTable:
                     while bits:
                         i = w * 64 + __builtin_ctzll(bits)
                         bits &= bits - 1
-                        if i < n and r[i].state == S_PREPARED and r[i].store_time <= cutoff_s and (
-                                max_checks < 0 or r[i].check_count < max_checks):
+                        if i < n and is_due(&r[i], cutoff_s, max_checks):
                             found[k] = i
                             k += 1
                             if k == cap:
@@ -259,8 +266,7 @@ cdef class StateTable:
                 while bits:
                     i = w * 64 + __builtin_ctzll(bits)
                     bits &= bits - 1
-                    if i < n and r[i].state == S_PREPARED and r[i].store_time <= cutoff_s and (
-                            max_checks < 0 or r[i].check_count < max_checks):
+                    if i < n and is_due(&r[i], cutoff_s, max_checks):
                         if k == cap:
                             out = np.concatenate([out, np.empty(cap, np.int64)])
                             found = out
@@ -357,12 +363,7 @@ def record_frame(int64_t index, int64_t offset, int32_t size, int32_t store_time
     out = PyBytes_FromStringAndSize(NULL, RECORD_FRAME_SIZE)
     cdef char *p = PyBytes_AS_STRING(out)
     cdef StateRecord r
-    r.offset = offset
-    r.size = size
-    r.store_time = store_time
-    r.group_hash = group_hash
-    r.state = state
-    r.check_count = check_count
+    fill(&r, offset, size, store_time, group_hash, state, check_count)
     store_i64(p, index)
     memcpy(p + 8, &r, REC)
     store_i32(p + 36, partition)

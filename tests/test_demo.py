@@ -110,12 +110,12 @@ def test_checks_fail(capsys, tmp_path, monkeypatch):
 
     def bank_twice(broker):
         # The processor's first update of an account, committed again at the end.
-        first = demo_bank._drain(broker, demo_bank.BALANCES, "tamper", "read_committed")[0]
+        first = demo_bank.drain(broker, demo_bank.BALANCES, "tamper", "read_committed")[0]
         broker.producer(demo_bank.BALANCES).send(first.value, key=first.key)
         return real_bank(broker)
 
     def window_twice(broker):
-        first = demo_windows._drain(broker, demo_windows.OUTPUT)[0]
+        first = demo_bank.drain(broker, demo_windows.OUTPUT, "tamper")[0]
         broker.producer(demo_windows.OUTPUT).send(first.value, key=first.key, event_time=first.event_time)
         return real_windows(broker)
 

@@ -72,7 +72,7 @@ class ControlServer:
             if fd >= 0:
                 os.close(fd)
         self.sock.listen(64)
-        self.sock.settimeout(0.2)
+        self.sock.settimeout(1.0)         # (close wakes it sooner)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="txmq-control", daemon=True)
         self._thread.start()
@@ -109,6 +109,10 @@ class ControlServer:
 
     def close(self) -> None:
         self._stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)      # wakes the accept() at once (Linux)
+        except OSError:
+            pass
         self.sock.close()
         self._thread.join(timeout=5)
         try:

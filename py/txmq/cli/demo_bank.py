@@ -88,7 +88,7 @@ def _request(rid: str, kind: str, account: str, amount: int, transfer=None, inte
                        "transfer": transfer, "intent": intent}, separators=(",", ":")).encode()
 
 
-def _drain(broker, topic: str, name: str, isolation: str) -> list:
+def drain(broker, topic: str, name: str, isolation: str = "read_committed") -> list:
     """Every message of ``topic`` deliverable under ``isolation``, through
     a throwaway subscription."""
     c = broker.subscribe(topic, name, "exclusive", isolation=isolation, initial_position="earliest")
@@ -145,7 +145,7 @@ class _Bank:
         kill: a transfer cut off is not sent again, as a client that never
         heard back would not know whether to)."""
         nxt = {c: 0 for c in self.ops}
-        for m in _drain(self.broker, REQUESTS, "bank.resume", "read_uncommitted"):
+        for m in drain(self.broker, REQUESTS, "bank.resume", "read_uncommitted"):
             client, op = json.loads(m.value)["id"].split(":")[:2]
             nxt[client] = max(nxt[client], int(op) + 1)
         return nxt
@@ -226,7 +226,7 @@ class _Bank:
     def restore(self) -> dict:
         """The balances of the last committed update of each account."""
         balances = {a: 0 for a in ACCOUNTS}
-        updates = _drain(self.broker, BALANCES, "bank.restore", "read_committed")
+        updates = drain(self.broker, BALANCES, "bank.restore", "read_committed")
         for m in updates:
             u = json.loads(m.value)
             balances[u["account"]] = u["balance"]
@@ -300,9 +300,9 @@ def worker(data: str, seed: int, requests: int, run: int, report) -> None:
 def verify(broker) -> dict:
     """Recompute the bank from the committed requests and compare with
     what the processor committed."""
-    committed = [json.loads(m.value) for m in _drain(broker, REQUESTS, "bank.verify-rc", "read_committed")]
-    everything = [json.loads(m.value) for m in _drain(broker, REQUESTS, "bank.verify-ru", "read_uncommitted")]
-    updates = [json.loads(m.value) for m in _drain(broker, BALANCES, "bank.verify-rc", "read_committed")]
+    committed = [json.loads(m.value) for m in drain(broker, REQUESTS, "bank.verify-rc", "read_committed")]
+    everything = [json.loads(m.value) for m in drain(broker, REQUESTS, "bank.verify-ru", "read_uncommitted")]
+    updates = [json.loads(m.value) for m in drain(broker, BALANCES, "bank.verify-rc", "read_committed")]
 
     want = {a: 0 for a in ACCOUNTS}
     for r in committed:

@@ -24,6 +24,7 @@ import json
 import random
 
 import txmq
+from txmq.cli.demo_bank import drain
 
 INPUTS = ("shop.web-orders", "shop.store-orders")
 OUTPUT = "shop.sales-totals"
@@ -110,19 +111,6 @@ def worker(data: str, run: int, report) -> None:
     report.line("DONE", {"run": run, "lag": 0, "metrics": metrics})
 
 
-def _drain(broker, topic: str) -> list:
-    c = broker.subscribe(topic, "shop.verify", "exclusive", initial_position="earliest")
-    out: list = []
-    try:
-        while True:
-            ms = c.receive_many(5000, timeout=0)
-            if not ms:
-                return out
-            out += ms
-    finally:
-        c.unsubscribe()
-
-
 def expected_windows(events) -> dict:
     """``{(key, start): (total, count)}`` of the windows the function must
     have emitted once it has processed ``events`` (topic, lane, key, event
@@ -146,10 +134,10 @@ def expected_windows(events) -> dict:
 
 def verify(broker) -> dict:
     events = [(m.topic, m.partition, m.key, m.event_time, amount_of(m))
-              for t in INPUTS for m in _drain(broker, t)]
+              for t in INPUTS for m in drain(broker, t, "shop.verify")]
     want = expected_windows(events)
     got: dict = {}
-    for m in _drain(broker, OUTPUT):
+    for m in drain(broker, OUTPUT, "shop.verify"):
         r = json.loads(m.value)
         got.setdefault((m.key, r["start"]), []).append((r["total"], r["count"]))
     return {
