@@ -202,13 +202,6 @@ class HalfStore:
         seg, pos = self.log.segment_for(index)
         return seg.batch_at(pos).length if seg is not None else 0
 
-    def message(self, half_id: int) -> Message:
-        """The half message ``half_id`` as a :class:`Message`."""
-        found = self._read(half_id)
-        if found is None:
-            raise InvalidHalfStateError(half_id, "unknown", "read it")
-        return found[0]
-
     # -- producers ----------------------------------------------------------------
 
     def register_group(self, producer_id: int, topic: str, group: str) -> None:
