@@ -37,6 +37,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 cdef extern from *:
     int __builtin_ctzll(unsigned long long) nogil
+    int __builtin_popcountll(unsigned long long) nogil
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memcmp, memset
 
@@ -234,46 +235,26 @@ cdef class StateTable:
         ``cutoff_s`` (and, with ``max_checks`` >= 0, checked fewer times),
         in order: a pass over the PREPARED bits, reading only the records
         they mark, in C without the GIL."""
-        cdef Py_ssize_t n = self.end - self.base, w, words = (n + 63) // 64, k = 0
-        cdef Py_ssize_t cap = 1024
+        cdef Py_ssize_t n = self.end - self.base, w, words = (n + 63) // 64, k = 0, marked = 0
         cdef int64_t i
         cdef uint64_t bits
         cdef const StateRecord *r = <const StateRecord *>self.data
         if r == NULL:
-            n = words = 0
-        out = np.empty(cap, np.int64)
+            words = 0
+        with nogil:
+            for w in range(words):
+                marked += __builtin_popcountll(self.prepared[w])
+        out = np.empty(marked, np.int64)
         cdef int64_t[::1] found = out
-        w = 0
-        while w < words:
-            with nogil:
-                while w < words:
-                    bits = self.prepared[w]
-                    while bits:
-                        i = w * 64 + __builtin_ctzll(bits)
-                        bits &= bits - 1
-                        if i < n and is_due(&r[i], cutoff_s, max_checks):
-                            found[k] = i
-                            k += 1
-                            if k == cap:
-                                break
-                    if k == cap:
-                        break
-                    w += 1
-            if k == cap:               # room for more, then go on with what is left of this word
-                out = np.concatenate([out, np.empty(cap, np.int64)])
-                found = out
-                cap *= 2
+        with nogil:
+            for w in range(words):
+                bits = self.prepared[w]
                 while bits:
                     i = w * 64 + __builtin_ctzll(bits)
                     bits &= bits - 1
                     if i < n and is_due(&r[i], cutoff_s, max_checks):
-                        if k == cap:
-                            out = np.concatenate([out, np.empty(cap, np.int64)])
-                            found = out
-                            cap *= 2
                         found[k] = i
                         k += 1
-                w += 1
         return out[:k]
 
     def records(self):
