@@ -16,34 +16,23 @@ from txmq.errors import TxmqError
 TOPIC_ACTIONS = ("list", "create", "describe", "delete")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, not {text!r}")
-    return v
+def _number(convert, valid, expected: str):
+    """An argparse type: ``convert(text)`` when ``valid`` of it, else the
+    one-line error that says what was expected."""
+    def parse(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            v = None
+        if v is None or not valid(v):
+            raise argparse.ArgumentTypeError(f"expected {expected}, not {text!r}")
+        return v
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, not {text!r}")
-    return v
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, not {text!r}")
-    return v
+_positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+_non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+_seconds = _number(float, lambda v: v > 0, "seconds > 0")
 
 
 def _demo_size(text: str) -> int:
