@@ -413,6 +413,23 @@ cdef _group(_Cursor c, dict groups):
     groups[pid] = (topic, group)
 
 
+cpdef note(dict intents, dict immunities, int64_t index, int32_t state, int32_t partition=-1,
+           int32_t sequence=-1, int32_t immunity_ms=-1):
+    """What a write to record ``index`` does to the side tables, the one
+    rule for replay and for the live store: a COMMITTING / DISCARDING
+    record keeps the intent (partition, sequence) it was framed with, any
+    other state has none; a record's own check immunity lasts until it is
+    resolved (COMMITTED, ROLLED_BACK, DISCARDED)."""
+    if partition >= 0:
+        intents[index] = (partition, sequence)
+    elif state != COMMITTING and state != DISCARDING:
+        intents.pop(index, None)
+    if state == COMMITTED or state == ROLLED_BACK or state == DISCARDED:
+        immunities.pop(index, None)
+    elif immunity_ms >= 0:
+        immunities[index] = immunity_ms
+
+
 def replay(frames, int64_t base=0):
     """Rebuild the table from redo-log frames (a SNAPSHOT frame first if the
     log has one): ``(base, records, intents, immunities, groups)``.
@@ -473,17 +490,8 @@ def replay(frames, int64_t base=0):
                 records.extend(bytes(k - len(records)))
             rp = PyByteArray_AS_STRING(records)
             memcpy(rp + (index - base) * REC, q + 8, REC)
-            part = load_i32(q + 36)
-            if part >= 0:
-                intents[index] = (part, load_i32(q + 40))
-            else:
-                intents.pop(index, None)
-            imm = load_i32(q + 44)
-            state = load_i32(q + 8 + 20)
-            if state == COMMITTED or state == ROLLED_BACK or state == DISCARDED:
-                immunities.pop(index, None)
-            elif imm >= 0:
-                immunities[index] = imm
+            note(intents, immunities, index, load_i32(q + 8 + 20), load_i32(q + 36), load_i32(q + 40),
+                 load_i32(q + 44))
         elif ftype == F_UPDATE:
             if c.n % UPDATE_ENTRY_SIZE:
                 raise ValueError(f"update frame of {c.n} bytes")
@@ -499,10 +507,7 @@ def replay(frames, int64_t base=0):
                 state = load_i32(q + 8)
                 r.state = state
                 r.check_count = load_i32(q + 12)
-                if state != COMMITTING and state != DISCARDING:
-                    intents.pop(index, None)
-                if state == COMMITTED or state == ROLLED_BACK or state == DISCARDED:
-                    immunities.pop(index, None)
+                note(intents, immunities, index, state)
         elif ftype == F_GROUP:
             _group(c, groups)
             c.done()

@@ -234,13 +234,7 @@ class HalfStore:
         self.redo.append(F_RECORD, _half.record_frame(index, index, size, store_s, ghash, state, checks,
                                                       partition, sequence, immunity_ms))
         self.table.put(index, index, size, store_s, ghash, state, checks)
-        # (the rules of _half.replay)
-        if partition < 0:
-            self.intents.pop(index, None)
-        if state in (COMMITTED, ROLLED_BACK, DISCARDED):
-            self.immunities.pop(index, None)
-        elif immunity_ms >= 0:
-            self.immunities[index] = immunity_ms
+        _half.note(self.intents, self.immunities, index, state, partition, sequence, immunity_ms)
 
     def record_new(self, index: int, size: int, store_s: int, ghash: int, immunity_ms: int) -> None:
         """The PREPARED record of a half message with its own check
@@ -334,7 +328,6 @@ class HalfStore:
         that durable, append, and leave the record to settle."""
         seq = (p.last_sequence(producer_id) + 1) % SEQUENCE_LIMIT
         self._record(index, state, size, store_s, ghash, checks, p.index, seq)
-        self.intents[index] = (p.index, seq)
         if self.fsync != "never":
             self.redo.sync()
         if crashpoints.ARMED:
@@ -422,10 +415,7 @@ class HalfStore:
         self.redo.append(F_UPDATE, _half.update_frame(updates))
         for index, state, checks in updates:
             self.table.set_state(index, state, checks)
-            if state != COMMITTING and state != DISCARDING:   # the rules of _half.replay
-                self.intents.pop(index, None)
-            if state in (COMMITTED, ROLLED_BACK, DISCARDED):
-                self.immunities.pop(index, None)
+            _half.note(self.intents, self.immunities, index, state)
 
     # -- check-back ------------------------------------------------------------------
 
