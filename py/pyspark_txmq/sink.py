@@ -36,6 +36,8 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from txmq import ingest
 from txmq.errors import InvalidArgumentError
 
+JOB_SINK = "txmq.job/"            # sink keys of batch writes: one commit per job id
+
 __all__ = ["StagedAttempt", "TxmqArrowWriter", "TxmqStreamArrowWriter", "batch_writer", "stream_writer"]
 
 
@@ -101,7 +103,9 @@ class TxmqArrowWriter(DataSourceArrowWriter):
         return _stage(self.path, self.job, self.topic, iterator)
 
     def commit(self, messages) -> None:
-        ingest.commit(self.path, self.job, _attempts(messages))
+        # Keyed by the job (a fresh id per write): if the owner dies during
+        # the commit, asking again commits it once.
+        ingest.commit(self.path, self.job, _attempts(messages), sink=(f"{JOB_SINK}{self.job}", 0))
 
     def abort(self, messages) -> None:
         ingest.abort(self.path, self.job)

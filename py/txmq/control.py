@@ -29,7 +29,7 @@ import threading
 import time
 
 from txmq import errors
-from txmq.errors import DataDirLockedError, InvalidArgumentError, TxmqError
+from txmq.errors import DataDirLockedError, InvalidArgumentError, RequestInterruptedError, TxmqError
 
 log = logging.getLogger("txmq.control")
 
@@ -163,7 +163,10 @@ def _raise(answer: dict):
 def request(data_dir, req: dict, *, timeout: float = 120.0) -> dict:
     """Run one control request on ``data_dir``: through its owner's control
     socket, or, when no process owns the directory, in this process with
-    the directory opened (and closed again) here."""
+    the directory opened (and closed again) here. If the owner dies during
+    the request, an idempotent one (every op but an ``ingest`` without a
+    sink) is asked again the same way; an ingest without a sink raises
+    :class:`RequestInterruptedError` (its outcome is unknown)."""
     data_dir = os.path.abspath(os.fspath(data_dir))
     path = os.path.join(data_dir, SOCKET_NAME)
     deadline = time.monotonic() + timeout
@@ -172,6 +175,13 @@ def request(data_dir, req: dict, *, timeout: float = 120.0) -> dict:
             answer = _ask(path, req, max(deadline - time.monotonic(), 1.0))
         except (FileNotFoundError, ConnectionRefusedError):
             answer = None                 # no owner listening (or one that died)
+        except (ConnectionResetError, BrokenPipeError):
+            # The owner went away during the request. Asking again (another
+            # owner, or this process) is safe only for a request that
+            # happens once however often it is asked.
+            if req.get("op") == "ingest" and req.get("sink") is None:
+                raise RequestInterruptedError(data_dir, req.get("op")) from None
+            answer = None
         if answer is not None:
             if not answer.get("ok"):
                 _raise(answer)

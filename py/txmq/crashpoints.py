@@ -13,7 +13,10 @@ participant applied, final record not written); half messages:
 ``half.committing`` (COMMITTING framed and in the table, message not
 appended), ``half.appended`` (appended, record not settled),
 ``half.check_counted`` (check counts framed, checker not asked),
-``half.discarding`` (DISCARDING framed, not in the check-max topic).
+``half.discarding`` (DISCARDING framed, not in the check-max topic);
+staged ingest: ``ingest.appended`` (staged messages appended in their
+transaction, not committed), ``ingest.committed`` (committed, staging not
+removed).
 """
 
 from __future__ import annotations

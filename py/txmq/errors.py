@@ -306,3 +306,15 @@ class DataLossError(TxmqError):
         self.topic, self.partition, self.wanted, self.have = topic, partition, wanted, have
         super().__init__(f"{topic}/{partition}: {what} (planned offset {wanted}, the log has {have}); "
                          f"set option failOnDataLoss=false to read what is left")
+
+
+class RequestInterruptedError(TxmqError):
+    """The process owning a data directory went away during a request that
+    is not safe to ask again (an ingest without a sink key): whether it
+    took effect is unknown. Commit with ``sink=`` to make it idempotent."""
+
+    def __init__(self, path, op):
+        self.path = str(path)
+        self.op = op
+        super().__init__(f"the owner of {self.path} went away during {op!r}: its outcome is unknown "
+                         f"(pass sink=(key, batch id) to make the request safe to repeat)")

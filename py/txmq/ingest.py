@@ -32,6 +32,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 
+from txmq import crashpoints
 from txmq._log import FLAG, BatchSpec, Segment
 from txmq._partitioner import partitions_for_arrow
 from txmq.errors import CorruptLogError, InvalidArgumentError, StagingError, TopicNotFoundError, TxmqError
@@ -355,8 +356,12 @@ class Ingester:
                     if SINKS_TOPIC not in broker.topics():
                         broker.create_topic(SINKS_TOPIC, 1)
                     broker.producer(SINKS_TOPIC).send(str(batch_id).encode(), key=key.encode(), txn=txn)
+                if crashpoints.ARMED:
+                    crashpoints.reached("ingest.appended")
                 txn.commit()
                 committed = True
+                if crashpoints.ARMED:
+                    crashpoints.reached("ingest.committed")
             finally:
                 if not committed and txn is not None:
                     try:
