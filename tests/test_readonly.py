@@ -130,13 +130,17 @@ def check_round(ro, status, histories, arrow=True):
         if arrow:
             ranges = mapped_ranges(view)
             rows = []
-            for rb in view.read_arrow(0, max_rows=7):
+            for rb in view.read_arrow(0, max_rows=7, gather_below=0):       # every batch a view
                 col = rb.column("value")
                 addr = col.buffers()[2].address
                 assert any(lo <= addr < lo + n for lo, n in ranges), "value bytes were copied"
                 rows.extend(zip(rb.column("offset").to_pylist(), col.to_pylist()))
                 assert rb.column("partition").to_pylist() == [p] * rb.num_rows
             assert rows == msgs
+            gathered = list(view.read_arrow(0, max_rows=7))               # small batches copied together
+            assert [(o, v) for rb in gathered for o, v in zip(rb.column("offset").to_pylist(),
+                                                             rb.column("value").to_pylist())] == msgs
+            assert all(rb.num_rows <= 7 for rb in gathered)
         later = ro.view("t", p)
         unc = [(m.offset, m.value) for m in later.read(0, isolation="read_uncommitted")]
         assert all(v and v[:1] in b"PCA" for _, v in unc), "a marker was delivered"
@@ -237,10 +241,13 @@ def test_closed_directory_and_files_untouched(tmp_path):
         assert msgs[0].key == b"k" and msgs[0].headers == [("h", b"1")] and msgs[3].txn_id is not None
         unc = [m.value for m in ro.read("t", 0, 0, isolation="read_uncommitted")]
         assert unc == [b"one", b"two", b"three", b"gone", b"four"]
-        rb1, rb3 = ro.read_arrow("t", 0, 1, 6, include_headers=True, timestamp_unit="us")   # 3, 4: the abort
+        rb1, rb3 = ro.read_arrow("t", 0, 1, 6, include_headers=True, timestamp_unit="us",
+                                 gather_below=0)                         # 3, 4: the abort
         assert rb1.to_pydict()["value"] == [b"two", b"three"] and rb1.to_pydict()["key"] == [None, None]
         assert rb3.num_rows == 1 and rb3.column("offset").to_pylist() == [5]
         assert rb1.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+        (together,) = ro.read_arrow("t", 0, 1, 6, include_headers=True, timestamp_unit="us")
+        assert together.to_pydict() == {k: rb1.to_pydict()[k] + rb3.to_pydict()[k] for k in rb1.schema.names}
         first = next(iter(ro.read_arrow("t", 0, 0, 1, include_headers=True)))
         assert first.to_pydict()["headers"] == [[{"key": "h", "value": b"1"}]]
         assert first.to_pydict()["timestamp"][0].timestamp() * 1000 == pytest.approx(msgs[0].event_time)

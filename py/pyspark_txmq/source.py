@@ -15,9 +15,13 @@ partition. Nothing the reader or its partitions hold is a file or a mapping,
 so both pickle.
 
 Rows come as ``pyarrow.RecordBatch``es from
-:meth:`txmq.readonly.PartitionView.read_arrow`: key and value columns are
-views of the mapped segments (no copy of message bytes); timestamps are in
-microseconds, the only unit Spark's Arrow reader takes.
+:meth:`txmq.readonly.PartitionView.read_arrow`: the key and value columns of
+an on-disk batch of ``txmq.readonly.GATHER_BELOW`` rows or more are views
+of the mapped segment (no copy of message bytes); runs of smaller batches
+(a topic fed by single sends) are copied together, since Spark pays a fixed
+cost per record batch (an Arrow IPC message to the JVM and a columnar batch
+there). Timestamps are in microseconds, the only unit Spark's Arrow reader
+takes.
 
 Streaming offsets are ``{"topic/partition": offset}``: the next offset to
 read in each partition. A partition missing from a start offset (the topic
@@ -35,16 +39,15 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow)
 
 from txmq.errors import DataLossError, InvalidArgumentError
+from txmq.subscription import ISOLATIONS
 
 __all__ = ["ReadOptions", "parse_read_options", "TxmqReader", "TxmqStreamReader", "OffsetRange",
            "DataLossError"]
 
 EARLIEST = -2                  # Kafka's sentinels in offset JSON
 LATEST = -1
-ISOLATIONS = ("read_committed", "read_uncommitted")
 SPLIT_OFFSETS_DEFAULT = 1_000_000       # ~ Spark's 128 MiB file split at 100-byte messages
 MAX_ROWS_PER_BATCH = 65536              # rows per RecordBatch handed to Spark
-MERGE_BELOW_ROWS = 4096                 # smaller batches are merged with their neighbours
 
 
 # -- options -----------------------------------------------------------------------
@@ -238,10 +241,6 @@ def _assigned(opts: ReadOptions, directory) -> list:
     return [(t, p) for t in topics for p in directory.partitions(t)]
 
 
-def _top(view, isolation: str) -> int:
-    return view.max_read_position if isolation == "read_committed" else view.log_end
-
-
 def _resolve(spec, key, view, isolation: str, default: str) -> tuple:
     """(offset, strict) of ``spec`` for one partition, given its view."""
     if isinstance(spec, dict):
@@ -251,7 +250,7 @@ def _resolve(spec, key, view, isolation: str, default: str) -> tuple:
     if off == EARLIEST:
         return view.log_start, False
     if off == LATEST:
-        return _top(view, isolation), True
+        return view.limit(isolation, None), True
     return off, True
 
 
@@ -280,50 +279,12 @@ def read_range(opts: ReadOptions, rng: OffsetRange):
     start = rng.start
     if view.log_start > start and rng.strict and opts.fail_on_data_loss:
         raise DataLossError(rng.topic, rng.partition, start, view.log_start, "retention deleted offsets")
-    top = _top(view, opts.isolation)
+    top = view.limit(opts.isolation, None)
     if top < rng.end and opts.fail_on_data_loss:
         # maxReadPosition and the log end never move back while the files
         # last; a shorter log means the directory was replaced or lost data.
         raise DataLossError(rng.topic, rng.partition, rng.end, top, "the log ends before the planned end")
-    yield from merge_small(view.read_arrow(start, rng.end, opts.isolation, MAX_ROWS_PER_BATCH,
-                                           opts.include_headers, "us"))
-
-
-def merge_small(batches, below: int = MERGE_BELOW_ROWS, rows_max: int = MAX_ROWS_PER_BATCH):
-    """Pass batches of ``below`` rows or more through untouched (their key
-    and value columns stay views of the mapping) and merge runs of smaller
-    ones into batches of up to ``rows_max`` rows.
-
-    ``read_arrow`` yields one record batch per on-disk batch, and a topic
-    fed by single sends has batches of a message or two. Spark pays a fixed
-    cost per record batch (an Arrow IPC message to the JVM and a columnar
-    batch there, ~70 us here): counting 460,000 rows in 240,000 on-disk
-    batches took 27 s unmerged, 10 s merged (see bench/README.md). Merging
-    copies the few bytes of those small batches, once."""
-    import pyarrow as pa
-
-    run, rows = [], 0
-    for batch in batches:
-        if batch.num_rows >= below:
-            if run:
-                yield _concat(pa, run)
-                run, rows = [], 0
-            yield batch
-            continue
-        run.append(batch)
-        rows += batch.num_rows
-        if rows >= rows_max:
-            yield _concat(pa, run)
-            run, rows = [], 0
-    if run:
-        yield _concat(pa, run)
-
-
-def _concat(pa, run: list):
-    if len(run) == 1:
-        return run[0]
-    # Table.combine_chunks rather than pa.concat_batches: pyarrow >= 14.
-    return pa.Table.from_batches(run).combine_chunks().to_batches()[0]
+    yield from view.read_arrow(start, rng.end, opts.isolation, MAX_ROWS_PER_BATCH, opts.include_headers, "us")
 
 
 class TxmqReader(DataSourceReader):
@@ -340,7 +301,7 @@ class TxmqReader(DataSourceReader):
             for topic, p in _assigned(opts, directory):
                 view = directory.view(topic, p)
                 key = (topic, p)
-                top = _top(view, opts.isolation)
+                top = view.limit(opts.isolation, None)
                 start, strict = _resolve(opts.starting, key, view, opts.isolation, "earliest")
                 end, _ = _resolve(opts.ending, key, view, opts.isolation, "latest")
                 if start < view.log_start:
@@ -404,7 +365,7 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {offset_key(t, p): directory.view(t, p) for t, p in _assigned(self.opts, directory)}
 
     def _latest(self) -> dict:
-        return {k: _top(v, self.opts.isolation) for k, v in self._views().items()}
+        return {k: v.limit(self.opts.isolation, None) for k, v in self._views().items()}
 
     def initialOffset(self) -> dict:
         out = {}
@@ -429,7 +390,7 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit) -> dict:
         views = self._views()
-        latest = {k: _top(v, self.opts.isolation) for k, v in views.items()}
+        latest = {k: v.limit(self.opts.isolation, None) for k, v in views.items()}
         if self._target is not None:
             latest = {k: min(v, self._target.get(k, v)) for k, v in latest.items()}
         begin = dict(start)

@@ -35,6 +35,7 @@ import pyarrow as pa
 from txmq import crashpoints
 from txmq._log import FLAG, BatchSpec, Segment
 from txmq._partitioner import partitions_for_arrow
+from txmq.batcharrow import batch_arrays
 from txmq.errors import CorruptLogError, InvalidArgumentError, StagingError, TopicNotFoundError, TxmqError
 from txmq.files import sync_dir
 
@@ -247,16 +248,9 @@ def _staged_batches(seg: Segment):
     pos = 0
     while pos < seg.size:
         info = seg.batch_at(pos)
-        b = seg.arrow_buffers(pos)
-        n = b["count"]
-        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(b["value_offsets"]),
-                                                        pa.py_buffer(b["values"])])
-        validity = None if b["validity"] is None else pa.py_buffer(b["validity"])
-        keys = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(b["key_offsets"]),
-                                                      pa.py_buffer(b["keys"])])
-        if keys.null_count == n:
+        keys, values, event_times = batch_arrays(seg.arrow_buffers(pos), info.first_event_time)
+        if keys.null_count == len(keys):
             keys = None
-        event_times = info.first_event_time + np.frombuffer(b["event_deltas"], np.int32).astype(np.int64)
         headers = None
         if info.flags & FLAG["headers"]:
             headers = [m[3] or None for m in seg.messages(pos)]

@@ -59,10 +59,12 @@ from txmq._log import FLAG, Segment, crc32c_of
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
                        replay_pending)
+from txmq.batcharrow import batch_arrays
 from txmq.cursor import Cursor
 from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentError, PartitionNotFoundError,
                          TopicNotFoundError)
 from txmq.message import MessageId
+from txmq.subscription import ISOLATIONS
 from txmq.partition import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING,
                             SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY,
@@ -71,7 +73,7 @@ from txmq.txn import TxnID
 
 __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
 
-ISOLATIONS = ("read_committed", "read_uncommitted")
+GATHER_BELOW = 64      # rows: read_arrow copies a smaller batch together with its neighbours
 builtin_open = open           # this module defines open(path): the reader's own verb
 TRANSACTIONAL = FLAG["transactional"]
 MARKER_ABORT = FLAG["marker_abort"]
@@ -236,7 +238,8 @@ class PartitionView:
             yield from seg.read_messages(pos, first, limit - first, self.topic, self.partition, MessageId, txn)
 
     def read_arrow(self, start: int, end: int | None = None, isolation: str = "read_committed",
-                   max_rows: int = 65536, include_headers: bool = False, timestamp_unit: str = "ms"):
+                   max_rows: int = 65536, include_headers: bool = False, timestamp_unit: str = "ms",
+                   gather_below: int = GATHER_BELOW):
         """:meth:`ReadOnlyDirectory.read_arrow` within this view."""
         _check_isolation(isolation)
         if not isinstance(max_rows, int) or max_rows < 1:
@@ -246,7 +249,7 @@ class PartitionView:
         limit = self.limit(isolation, end)
         start = max(start, self.log_start)
         return _arrow_batches(self, start, limit, isolation == "read_committed", max_rows, include_headers,
-                              timestamp_unit)
+                              timestamp_unit, gather_below)
 
 
 class _PartitionReader:
@@ -542,21 +545,20 @@ class ReadOnlyDirectory:
 
     def read_arrow(self, topic: str, partition: int, start: int, end: int | None = None,
                    isolation: str = "read_committed", max_rows: int = 65536, include_headers: bool = False,
-                   timestamp_unit: str = "ms"):
+                   timestamp_unit: str = "ms", gather_below: int = GATHER_BELOW):
         """``pyarrow.RecordBatch``es of the messages :meth:`read` would
         return, at most ``max_rows`` rows each, with the columns of Spark's
         Kafka source (:data:`arrow_schema`).
 
-        Key and value bytes are not copied: each column's data buffer is a
-        view of the mapped segment spanning the batches it covers (the
-        bytes of other sections in between are skipped by its offsets), so
-        a record batch never spans two segments. Offsets, timestamps and
-        the key validity bitmap are computed (4 to 8 bytes a row). The
-        views keep the mapping alive after the segment is deleted.
-        ``timestamp_unit``: "ms", or "us" for Spark (whose Arrow reader
-        takes microsecond timestamps only)."""
+        An on-disk batch of ``gather_below`` rows or more becomes record
+        batches of its own whose key and value columns are views of the
+        mapped segment (no copy; the views keep the mapping alive after the
+        segment is deleted). Runs of smaller batches are copied together
+        (0: never). Offsets and timestamps are computed; headers are
+        decoded. ``timestamp_unit``: "ms", or "us" for Spark (whose Arrow
+        reader takes microsecond timestamps only)."""
         return self.view(topic, partition).read_arrow(start, end, isolation, max_rows, include_headers,
-                                                      timestamp_unit)
+                                                      timestamp_unit, gather_below)
 
     # -- subscriptions and transactions (inspection) ---------------------------------
 
@@ -715,41 +717,82 @@ def arrow_schema(include_headers: bool = False, timestamp_unit: str = "ms"):
 
 
 def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool, max_rows: int,
-                   include_headers: bool, unit: str):
-    """One record batch per delivered on-disk batch (split at ``max_rows``):
-    Arrow's binary layout has one offsets array per column, so a column
-    over the mapping cannot skip the header and offsets of the next batch.
-    A batch is all one transaction, so filtering never splits one; a range
-    that starts or ends inside a batch is a zero-copy slice of it."""
+                   include_headers: bool, unit: str, gather_below: int):
+    """Record batches of at most ``max_rows`` rows. A batch of
+    ``gather_below`` rows or more is yielded on its own, its key and value
+    columns views of the mapping (Arrow's binary layout has one offsets
+    array per column, so a column over the mapping cannot span two
+    batches; a range that starts or ends inside one is a slice). Runs of
+    smaller batches (a topic fed by single sends) are copied together into
+    batches of up to ``max_rows`` rows: building a view costs some 40 us a
+    batch, and a consumer such as Spark pays a fixed cost per record batch
+    too. A batch is all one transaction, so filtering never splits one."""
     import pyarrow as pa
 
     schema = arrow_schema(include_headers, unit)
-    ts_type = schema.field("timestamp").type
+    scale = 1000 if unit == "us" else 1
+    gathered = _Gathered()
+
+    def record_batch(keys, values, offsets, times, headers):
+        n = len(offsets)
+        columns = [keys, values, pa.repeat(view.topic, n), pa.array(np.full(n, view.partition, np.int32)),
+                   pa.array(offsets), pa.array(times * scale, schema.field("timestamp").type),
+                   pa.array(np.zeros(n, np.int32))]
+        if include_headers:
+            columns.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in headers],
+                                    schema.field("headers").type))
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def flush():
+        keys, values, offsets, times, headers = gathered.take()
+        return record_batch(pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
+                            np.asarray(offsets, np.int64), np.asarray(times, np.int64), headers)
+
     for seg, pos, info in view.batches(start, limit):
         if view.skipped(info, committed):
             continue
         i0 = max(start, info.base_offset) - info.base_offset
         i1 = min(info.count, limit - info.base_offset)
-        b = seg.arrow_buffers(pos)
-        count = b["count"]
-        validity = pa.py_buffer(b["validity"]) if b["validity"] is not None else None
-        keys = pa.Array.from_buffers(pa.binary(), count, [validity, pa.py_buffer(b["key_offsets"]),
-                                                          pa.py_buffer(b["keys"])])
-        values = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(b["value_offsets"]),
-                                                            pa.py_buffer(b["values"])], null_count=0)
-        deltas = np.frombuffer(b["event_deltas"], "<i4")
-        while i0 < i1:
-            n = min(i1 - i0, max_rows)
-            times = info.first_event_time + deltas[i0:i0 + n].astype(np.int64)
-            if unit == "us":
-                times *= 1000
-            columns = [keys.slice(i0, n), values.slice(i0, n), pa.repeat(view.topic, n),
-                       pa.array(np.full(n, view.partition, np.int32)),
-                       pa.array(np.arange(info.base_offset + i0, info.base_offset + i0 + n, dtype=np.int64)),
-                       pa.array(times, ts_type), pa.array(np.zeros(n, np.int32))]
-            if include_headers:
-                columns.append(pa.array([[{"key": k, "value": v} for k, v in m[3]] if m[3] else None
-                                         for m in seg.messages(pos, info.base_offset + i0, n)],
-                                        schema.field("headers").type))
-            yield pa.RecordBatch.from_arrays(columns, schema=schema)
-            i0 += n
+        if i1 - i0 < gather_below:
+            for offset, key, value, headers, event_time in seg.messages(pos, info.base_offset + i0, i1 - i0):
+                gathered.add(offset, key, value, headers, event_time)
+                if len(gathered) >= max_rows:
+                    yield flush()
+            continue
+        if gathered:
+            yield flush()
+        keys, values, times = batch_arrays(seg.arrow_buffers(pos), info.first_event_time)
+        for a in range(i0, i1, max_rows):
+            n = min(i1 - a, max_rows)
+            headers = [m[3] for m in seg.messages(pos, info.base_offset + a, n)] if include_headers else None
+            yield record_batch(keys.slice(a, n), values.slice(a, n),
+                               np.arange(info.base_offset + a, info.base_offset + a + n, dtype=np.int64),
+                               times[a:a + n], headers)
+    if gathered:
+        yield flush()
+
+
+class _Gathered:
+    """Columns of small batches, copied together."""
+
+    def __init__(self):
+        self._empty()
+
+    def _empty(self):
+        self.keys, self.values, self.offsets, self.times, self.headers = [], [], [], [], []
+
+    def add(self, offset, key, value, headers, event_time):
+        self.offsets.append(offset)
+        self.keys.append(key)
+        self.values.append(value)
+        self.headers.append(headers)
+        self.times.append(event_time)
+
+    def take(self):
+        """(keys, values, offsets, times, headers), leaving it empty."""
+        out = self.keys, self.values, self.offsets, self.times, self.headers
+        self._empty()
+        return out
+
+    def __len__(self):
+        return len(self.offsets)

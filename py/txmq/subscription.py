@@ -30,6 +30,7 @@ import numpy as np
 from txmq._ackset import group_offsets
 from txmq._log import SegmentClosedError
 from txmq._redolog import RedoLog
+from txmq.batcharrow import batch_arrays
 from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
 from txmq.cursor import COMPACT_FRAMES, Cursor
 from txmq.files import sync_dir, write_json
@@ -820,17 +821,11 @@ def _cut_from_ranges(lane: _Lane, offsets: list) -> bool:
 
 
 def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int):
-    count = bufs["count"]
-    validity = pa.py_buffer(bufs["validity"]) if bufs["validity"] is not None else None
-    keys = pa.Array.from_buffers(pa.binary(), count, [validity, pa.py_buffer(bufs["key_offsets"]),
-                                                      pa.py_buffer(bufs["keys"])])
-    values = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(bufs["value_offsets"]),
-                                                        pa.py_buffer(bufs["values"])])
-    deltas = np.frombuffer(bufs["event_deltas"], np.int32)[first:first + n]
+    keys, values, times = batch_arrays(bufs, info.first_event_time)
     offsets = np.arange(info.base_offset + first, info.base_offset + first + n, dtype=np.int64)
     return pa.RecordBatch.from_arrays(
         [keys.slice(first, n), values.slice(first, n), pa.array(offsets),
-         pa.array(deltas.astype(np.int64) + info.first_event_time, pa.timestamp("ms")),
+         pa.array(times[first:first + n], pa.timestamp("ms")),
          pa.array(np.full(n, info.publish_time, np.int64), pa.timestamp("ms"))],
         schema=_batch_schema(pa, topic, partition))
 
