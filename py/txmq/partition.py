@@ -589,14 +589,12 @@ class Partition:
         return base
 
     def _ended(self, hi: int, lo: int, commit: bool, marker_offset: int, producer_id: int) -> None:
-        """Transaction (hi, lo) ended at its marker: an aborted one enters
-        ``aborted`` (and the .txnindex of the marker's segment) before it
-        leaves ``ongoing`` (see the module docstring)."""
+        """Transaction (hi, lo) ended at its marker: see :func:`end_in_buffer`;
+        an aborted one is also entered in the .txnindex of the marker's
+        segment."""
+        first = end_in_buffer(self.ongoing, self.aborted, hi, lo, commit, marker_offset)
         if not commit:
-            first = self.ongoing.first_offset_of(hi, lo)
-            self.aborted.add(hi, lo, first, marker_offset)
             self._index_abort((hi, lo, producer_id, first, marker_offset))
-        self.ongoing.remove(hi, lo)
 
     def _producer_at(self, offset: int):
         """(producer id, epoch) of the batch starting at ``offset``, or (-1, 0)
@@ -705,8 +703,7 @@ class Partition:
     def never_delivered(self, info, skip_aborted: bool) -> bool:
         """A marker, or (with ``skip_aborted``, READ_COMMITTED) a batch of
         an aborted transaction."""
-        return bool(info.flags & TRANSACTIONAL) and (
-            info.is_control or (skip_aborted and self.aborted.contains(info.txn_hi, info.txn_lo)))
+        return never_delivered(info, self.aborted, skip_aborted)
 
     def undeliverable(self, start: int, end: int, skip_aborted: bool) -> int:
         """How many offsets in [start, end) are never delivered: markers,
@@ -841,12 +838,9 @@ class Partition:
             base = info.base_offset
             if info.flags & TRANSACTIONAL and base >= txn_from:
                 self.txn_seen = True
-                hi, lo = info.txn_hi, info.txn_lo
-                if info.is_control:
-                    if ongoing.contains(hi, lo):
-                        self._ended(hi, lo, not info.flags & MARKER_ABORT, base, info.producer_id)
-                elif not aborted.contains(hi, lo):
-                    ongoing.add(hi, lo, base, info.publish_time)
+                first = replay_txn_header(info, ongoing, aborted)
+                if first >= 0:
+                    self._index_abort((info.txn_hi, info.txn_lo, info.producer_id, first, base))
             if info.producer_id >= 0 and base >= prod_from and not info.is_control:
                 producers.record(info.producer_id, info.producer_epoch, info.base_sequence, info.count,
                                  base, info.publish_time)
@@ -1066,6 +1060,40 @@ class Partition:
             "blocked_by": None if blocked is None else str(blocked[0]),
             "blocked_since_ms": None if blocked is None else blocked[2],
         }
+
+
+def end_in_buffer(ongoing, aborted, hi: int, lo: int, commit: bool, marker_offset: int) -> int:
+    """Transaction (hi, lo) ended at its marker: an aborted one enters
+    ``aborted`` before it leaves ``ongoing`` (lock-free readers: the module
+    docstring). Returns its first offset when it aborted, else -1."""
+    first = -1
+    if not commit:
+        first = ongoing.first_offset_of(hi, lo)
+        aborted.add(hi, lo, first, marker_offset)
+    ongoing.remove(hi, lo)
+    return first
+
+
+def replay_txn_header(info, ongoing, aborted) -> int:
+    """What one transactional batch header does to a transaction buffer
+    when the log is replayed (recovery, and read-only views): a data batch
+    opens its transaction unless it has aborted; a marker ends an open
+    one. Returns the first offset of a transaction the marker aborted,
+    else -1."""
+    hi, lo = info.txn_hi, info.txn_lo
+    if info.is_control:
+        if ongoing.contains(hi, lo):
+            return end_in_buffer(ongoing, aborted, hi, lo, not info.flags & MARKER_ABORT, info.base_offset)
+    elif not aborted.contains(hi, lo):
+        ongoing.add(hi, lo, info.base_offset, info.publish_time)
+    return -1
+
+
+def never_delivered(info, aborted, skip_aborted: bool) -> bool:
+    """A marker, or (with ``skip_aborted``, READ_COMMITTED) a batch of an
+    aborted transaction: what no subscription or reader delivers."""
+    return bool(info.flags & TRANSACTIONAL) and (
+        info.is_control or (skip_aborted and aborted.contains(info.txn_hi, info.txn_lo)))
 
 
 def _sealed(body: bytes) -> bytes:

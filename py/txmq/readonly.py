@@ -68,7 +68,8 @@ from txmq.subscription import ISOLATIONS
 from txmq.partition import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING,
                             SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY,
-                            _load_entries, _monotone, _parse_txn_tables, _valid_entries)
+                            _load_entries, _monotone, _parse_txn_tables, _valid_entries, never_delivered,
+                            replay_txn_header)
 from txmq.txn import TxnID
 
 __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
@@ -221,8 +222,7 @@ class PartitionView:
 
     def skipped(self, info, committed: bool) -> bool:
         """A marker, or (``committed``) a batch of an aborted transaction."""
-        return bool(info.flags & TRANSACTIONAL) and (
-            info.is_control or (committed and self.aborted.contains(info.txn_hi, info.txn_lo)))
+        return never_delivered(info, self.aborted, committed)
 
     def read(self, start: int, end: int | None = None, isolation: str = "read_committed"):
         """:meth:`ReadOnlyDirectory.read` within this view."""
@@ -430,16 +430,8 @@ class _PartitionReader:
             ongoing, aborted, replay_from = OngoingQueue(), AbortSet(), view.log_start
         start = max(replay_from, view.log_start)
         for _, _, info in view.batches(start, view.log_end):
-            if not info.flags & TRANSACTIONAL:
-                continue
-            hi, lo = info.txn_hi, info.txn_lo
-            if info.is_control:
-                first = ongoing.first_offset_of(hi, lo)
-                if info.flags & MARKER_ABORT:
-                    aborted.add(hi, lo, first if first >= 0 else info.base_offset, info.base_offset)
-                ongoing.remove(hi, lo)
-            elif not ongoing.contains(hi, lo) and not aborted.contains(hi, lo):
-                ongoing.add(hi, lo, info.base_offset, 0)
+            if info.flags & TRANSACTIONAL:
+                replay_txn_header(info, ongoing, aborted)
         view.max_read_position = ongoing.max_read_position(view.log_end)
         return view
 
