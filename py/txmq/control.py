@@ -90,12 +90,7 @@ class ControlServer:
     def _handle(self, conn) -> None:
         with conn:
             try:
-                req = json.loads(_read_line(conn))
-                handler = self.handlers.get(req.get("op")) if isinstance(req, dict) else None
-                if handler is None:
-                    raise InvalidArgumentError("op", req.get("op") if isinstance(req, dict) else req,
-                                               " | ".join(sorted(self.handlers)))
-                answer = {"ok": True, **(handler(req) or {})}
+                answer = _run(self.handlers, json.loads(_read_line(conn)))
             except TxmqError as e:
                 attrs = {k: v for k, v in vars(e).items() if isinstance(v, (str, int, float, bool, type(None)))}
                 answer = {"ok": False, "error": type(e).__name__, "message": str(e), "attrs": attrs}
@@ -119,6 +114,16 @@ class ControlServer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _run(handlers: dict, req) -> dict:
+    """The answer of the handler of ``req``'s op (the owner's and a
+    requester's own, when no process owns the directory)."""
+    handler = handlers.get(req.get("op")) if isinstance(req, dict) else None
+    if handler is None:
+        raise InvalidArgumentError("op", req.get("op") if isinstance(req, dict) else req,
+                                   " | ".join(sorted(handlers)))
+    return {"ok": True, **(handler(req) or {})}
 
 
 def _read_line(conn) -> bytes:
@@ -189,10 +194,7 @@ def request(data_dir, req: dict, *, timeout: float = 120.0) -> dict:
         from txmq.broker import Broker    # (a front end of the broker: imported when needed)
         try:
             with Broker(data_dir, control_socket=False) as broker:
-                handler = broker._control_handlers().get(req.get("op"))
-                if handler is None:
-                    raise InvalidArgumentError("op", req.get("op"), " | ".join(sorted(broker._control_handlers())))
-                return {"ok": True, **(handler(req) or {})}
+                return _run(broker._control_handlers(), req)
         except DataDirLockedError:
             # An owner is starting (socket not bound yet) or stopping.
             if time.monotonic() > deadline:

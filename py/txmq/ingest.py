@@ -38,6 +38,7 @@ from txmq._partitioner import partitions_for_arrow
 from txmq.batcharrow import batch_arrays
 from txmq.errors import CorruptLogError, InvalidArgumentError, StagingError, TopicNotFoundError, TxmqError
 from txmq.files import sync_dir
+from txmq.topic import Topic
 
 STAGING = "staging"
 COMPLETE = "COMPLETE"             # written last: the attempt's files are whole
@@ -65,10 +66,8 @@ def staging_dir(data_dir, job: str, attempt: str | None = None) -> str:
 def topic_partitions(data_dir, topic: str) -> int:
     """The partition count of ``topic``, read from its ``topic.json``
     without opening the directory."""
-    path = os.path.join(os.fspath(data_dir), "topics", topic, "topic.json")
     try:
-        with open(path) as f:
-            return int(json.load(f)["partitions"])
+        return int(Topic.load_config(os.path.join(os.fspath(data_dir), "topics", topic))["partitions"])
     except FileNotFoundError:
         raise TopicNotFoundError(topic) from None
 
@@ -143,8 +142,10 @@ class StagedWriter:
         if bad.any():
             raise InvalidArgumentError("partition", int(targets[np.flatnonzero(bad)[0]]),
                                        f"a partition of {self.topic!r} (0..{self.partitions - 1})")
-        for p in np.unique(targets):
-            idx = np.flatnonzero(targets == p)
+        # one stable sort groups the rows by partition, in their order
+        order = np.argsort(targets, kind="stable")
+        for idx in np.split(order, np.flatnonzero(np.diff(targets[order])) + 1):
+            p = targets[idx[0]]
             whole = len(idx) == n
             spec = BatchSpec(values if whole else _take(values, idx),
                              None if keys is None else keys if whole else _take(keys, idx),
