@@ -679,7 +679,7 @@ def test_check_segment_truncated_mid_batch(capsys, logs):
                                                      "opening cuts the log here", "corrupt")]
 
 
-def test_check_corrupt_index_entry(capsys, logs):
+def test_check_corrupt_index_entry(capsys, monkeypatch, logs):
     index = _segment(logs)[:-4] + ".index"
     assert os.path.getsize(index) >= 5 * 16
     with open(index, "r+b") as f:
@@ -693,6 +693,66 @@ def test_check_corrupt_index_entry(capsys, logs):
     path, position, reason, kind = problems[0]
     assert (path, position, kind) == (index, 64, "repairable")
     assert f"position {wrong}) points away from the batch of that offset" in reason
+    _open_once(logs, monkeypatch)                 # "repairable" means this
+    assert _problems(capsys, logs) == (exits.OK, [])
+
+
+def _open_once(path, monkeypatch):
+    """Open and close a broker as a user does: without TXMQ_DEBUG's O(n)
+    verify, which would rebuild a wrong index itself."""
+    monkeypatch.setenv("TXMQ_DEBUG", "0")
+    with txmq.Broker(path, fsync="never") as b:
+        assert b.stats()["topics"]["t"]["partitions"][0]["end_offset"] > 0
+
+
+@pytest.fixture
+def sealed(tmp_path):
+    """A directory whose partition has sealed segments (their indexes are
+    adopted on open, not rescanned) with a dense index."""
+    path = str(tmp_path / "sealed")
+    with txmq.Broker(path, fsync="never", segment_bytes_max=8192, index_interval_bytes=256) as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        for i in range(60):
+            p.send_batch([b"value-%d-%d" % (i, j) for j in range(5)])
+            time.sleep(0.002)                     # a time index entry per index entry
+    pdir = os.path.join(path, "topics", "t", "0")
+    assert len([n for n in os.listdir(pdir) if n.endswith(".log")]) >= 2
+    return path
+
+
+@pytest.mark.parametrize("suffix, field", [(".index", 8), (".index", 0), (".timeindex", 0)])
+def test_check_shifted_index_entry_of_a_sealed_segment(capsys, monkeypatch, sealed, suffix, field):
+    """A wrong entry that is still in order (a shifted position, offset or
+    time) is one check reports repairable, one open rebuilds, and check
+    then finds clean; the broker reads right from it before and after."""
+    index = os.path.join(sealed, "topics", "t", "0", f"{0:020d}{suffix}")
+    with open(index, "r+b") as f:
+        f.seek(2 * 16 + field)
+        value = struct.unpack("<q", f.read(8))[0]
+        f.seek(2 * 16 + field)
+        f.write(struct.pack("<q", value + (8 if field else 1)))
+    code, problems = _problems(capsys, sealed)
+    assert code == exits.PROBLEMS and len(problems) == 1
+    assert problems[0][:2] == (index, 32) and problems[0][3] == "repairable"
+    assert "opening rebuilds the index" in problems[0][2]
+    monkeypatch.setenv("TXMQ_DEBUG", "0")
+    with txmq.Broker(sealed, fsync="never") as b:
+        assert "index rebuilt from its segment" in str(b.stats()["topics"]["t"]["partitions"][0]["truncated_on_open"])
+        c = b.subscribe("t", "s", initial_position="earliest")
+        assert [m.value for m in c.receive_many(300, timeout=1.0)][:6] == [
+            b"value-0-%d" % j for j in range(5)] + [b"value-1-0"]
+    assert _problems(capsys, sealed) == (exits.OK, [])
+
+
+def test_check_torn_index_of_a_sealed_segment_is_repaired_by_open(capsys, monkeypatch, sealed):
+    index = os.path.join(sealed, "topics", "t", "0", f"{0:020d}.index")
+    with open(index, "ab") as f:
+        f.write(b"\1\2\3")
+    code, problems = _problems(capsys, sealed)
+    assert code == exits.PROBLEMS and problems[0][:2] == (index, os.path.getsize(index) - 3)
+    _open_once(sealed, monkeypatch)
+    assert _problems(capsys, sealed) == (exits.OK, [])
 
 
 def test_check_torn_and_misordered_time_index(capsys, logs):
@@ -743,6 +803,44 @@ def test_check_txnindex_and_snapshot(capsys, logs):
     assert (snap, os.path.getsize(snap) - 4, "CRC mismatch; the next open rebuilds it from the log",
             "repairable") in problems
     assert len(problems) == 2
+
+
+def _rewrite_txnindex_entry(path, **change):
+    from txmq.partition import TXNINDEX_ENTRY, _txnindex_bytes
+    with open(path, "rb") as f:
+        hi, lo, pid, first, marker, _ = TXNINDEX_ENTRY.unpack(f.read(48))
+    entry = dict(hi=hi, lo=lo, pid=pid, first=first, marker=marker) | change
+    with open(path, "wb") as f:
+        f.write(_txnindex_bytes([tuple(entry.values())]))
+    return entry
+
+
+def test_check_txnindex_entry_that_names_no_abort_marker_is_corrupt(capsys, monkeypatch, logs):
+    """An entry with a good CRC whose marker is a batch of the segment but
+    no ABORT marker of its transaction is trusted by opening: check calls
+    it corrupt, and it still is after an open."""
+    txnindex = os.path.join(logs, "topics", "t", "0", f"{0:020d}.txnindex")
+    from txmq.partition import _txnindex_bytes
+    entry = _rewrite_txnindex_entry(txnindex, marker=0)          # the first data batch
+    for _ in range(2):
+        code, problems = _problems(capsys, logs)
+        assert code == exits.PROBLEMS and len(problems) == 1
+        assert problems[0][:2] == (txnindex, 0) and problems[0][3] == "corrupt"
+        assert f"marker 0) does not name an ABORT marker" in problems[0][2]
+        _open_once(logs, monkeypatch)
+    with open(txnindex, "rb") as f:
+        assert f.read() == _txnindex_bytes([tuple(entry.values())])       # kept as it was
+
+
+def test_check_txnindex_entry_outside_its_segment_is_repaired_by_open(capsys, monkeypatch, logs):
+    txnindex = os.path.join(logs, "topics", "t", "0", f"{0:020d}.txnindex")
+    _rewrite_txnindex_entry(txnindex, marker=10**9)
+    code, problems = _problems(capsys, logs)
+    assert code == exits.PROBLEMS and len(problems) == 1
+    assert problems[0][:2] == (txnindex, 0) and problems[0][3] == "repairable"
+    assert "opening cuts the index here" in problems[0][2]
+    _open_once(logs, monkeypatch)
+    assert _problems(capsys, logs) == (exits.OK, [])
 
 
 def test_check_recovery_point_off_a_batch_boundary(capsys, logs):

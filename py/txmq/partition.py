@@ -49,7 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from txmq._log import FLAG, BatchSpec, Segment, SegmentClosedError, crc32c_of
+from txmq._log import (FIELD_OFFSETS, FLAG, HEADER_SIZE_BYTES, MAGIC, VERSION, BatchSpec, Segment,
+                       SegmentClosedError, crc32c_of)
 from txmq._producers import DUPLICATE, FENCED, OUT_OF_ORDER, ProducerStates
 from txmq._readview import ReadViewWriter
 from txmq._redolog import sync_dir
@@ -64,6 +65,14 @@ log = logging.getLogger("txmq.partition")
 SEGMENT_SUFFIX = ".log"
 SEGMENT_FILES = (SEGMENT_SUFFIX, ".index", ".timeindex", ".txnindex")   # deleted together
 INDEX_ENTRY = np.dtype([("a", "<i8"), ("b", "<i8")])
+# index_problem reads these batch-header fields as 8-byte words of the
+# mapping: magic and version share word 0, the others are words of their own.
+_HEAD_WORD = MAGIC | VERSION << 32
+_HEAD_MASK = 0xFF_FFFF_FFFF
+_BASE_OFFSET_WORD = FIELD_OFFSETS["base_offset"] // 8
+_PUBLISH_TIME_WORD = FIELD_OFFSETS["publish_time"] // 8
+assert FIELD_OFFSETS["magic"] == 0 and FIELD_OFFSETS["version"] == 4
+assert FIELD_OFFSETS["base_offset"] % 8 == 0 and FIELD_OFFSETS["publish_time"] % 8 == 0
 
 # recovery-point: magic, version, 3 reserved, segment base, position,
 # next offset, crc32c of the 32 bytes before it, 4 reserved.
@@ -305,17 +314,9 @@ class Partition:
             bad = seg.verify()
             if bad is not None:
                 raise CorruptLogError(seg.path, bad[0], bad[1])
-            offs, poss, ts, toffs = seg.index_entries()
-            for off, pos in zip(offs.tolist(), poss.tolist()):
-                if seg.locate(off) != pos or seg.batch_at(pos).base_offset != off:
-                    self._repair_index(seg, f"offset index entry for {off} points at another batch")
-                    break
-            else:
-                for t, off in zip(ts.tolist(), toffs.tolist()):
-                    pos = seg.locate(off)
-                    if pos < 0 or seg.batch_at(pos).base_offset != off or seg.batch_at(pos).publish_time != t:
-                        self._repair_index(seg, f"time index entry ({t}, {off}) is wrong")
-                        break
+            problem = index_problem(seg, *seg.index_entries())
+            if problem is not None:
+                self._repair_index(seg, f"{problem[0]} entry {problem[1]}: {problem[2]}")
             prev_end = seg.next_offset
 
     def _repair_index(self, seg: Segment, reason: str) -> None:
@@ -358,29 +359,39 @@ class Partition:
     # -- index files ---------------------------------------------------------
 
     def _adopt_index(self, seg: Segment, size: int, next_offset: int, partial: bool = False) -> bool:
-        """Load the on-disk indexes of a segment known good up to ``size``.
+        """Load the on-disk indexes of a segment known good up to ``size``
+        (below ``next_offset``).
 
-        A trusted segment whose indexes fail their checks is rescanned and
-        its indexes rebuilt; for a ``partial`` adoption (the caller scans the
-        rest) a failure returns False and the caller scans from byte 0."""
-        off = _load_entries(self._file(seg.base_offset, ".index"))
-        tix = _load_entries(self._file(seg.base_offset, ".timeindex"))
+        A trusted segment whose indexes fail :func:`index_problem` (what
+        ``txmq check`` calls repairable) is rescanned and its indexes
+        rebuilt; one whose index file ends in a torn entry has them
+        rewritten. For a ``partial`` adoption (the caller scans the rest
+        and rewrites them) a failure returns False and the caller scans
+        from byte 0."""
+        index, timeindex = self._file(seg.base_offset, ".index"), self._file(seg.base_offset, ".timeindex")
+        off = _load_entries(index)
+        tix = _load_entries(timeindex)
         if partial:
             off = off[off["b"] < size] if off is not None else None
             if tix is not None and off is not None:
                 limit = off["a"][-1] if len(off) else seg.base_offset
                 tix = tix[tix["b"] <= limit]
-        ok = (off is not None and tix is not None and _valid_entries(off, seg.base_offset, size)
-              and _monotone(tix))
-        if ok:
+        problem = None if off is not None and tix is not None else "missing"
+        if problem is None:
+            found = index_problem(seg, off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
+            if found is not None:
+                problem = f"{found[0]} entry {found[1]}: {found[2]}"
+        if problem is None:
             seg.load_index(off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
             self._index_written[seg.base_offset] = (len(off), len(tix))
+            if not partial and (_torn(index) or _torn(timeindex)):
+                self._rewrite_index(seg)
             return True
         if partial:
             return False
         # Missing or damaged index of a segment we trust: rebuild by scanning.
         if (off is not None or tix is not None) or size:
-            self._report(Dropped(self._file(seg.base_offset, ".index"), 0, "index rebuilt from its segment"))
+            self._report(Dropped(index, 0, f"{problem}; index rebuilt from its segment"))
         bad = seg.recover(0, seg.base_offset)
         if bad is not None:
             raise CorruptLogError(seg.path, bad[0], bad[1])
@@ -644,15 +655,16 @@ class Partition:
                     _touch(path)           # the replay writes what belongs in it
                 continue
             keep, n = [], len(raw) // TXNINDEX_ENTRY.size
-            for i in range(n):
-                chunk = raw[i * TXNINDEX_ENTRY.size:(i + 1) * TXNINDEX_ENTRY.size]
-                *entry, crc = TXNINDEX_ENTRY.unpack(chunk)
-                if crc != crc32c_of(chunk[:40]) or not seg.base_offset <= entry[4] < seg.next_offset:
-                    self._report(Dropped(path, i * TXNINDEX_ENTRY.size, "bad aborted-transaction index "
-                                                                          "entry; cut there"))
+            entries, bad = _txnindex_entries(raw)
+            for i, entry in enumerate(entries):
+                if not seg.base_offset <= entry[4] < seg.next_offset:
+                    bad = i
                     break
                 if entry[4] < limit:
-                    keep.append(tuple(entry))
+                    keep.append(entry)
+            if bad is not None:
+                self._report(Dropped(path, bad * TXNINDEX_ENTRY.size, "bad aborted-transaction index "
+                                                                      "entry; cut there"))
             if len(keep) != n or len(raw) % TXNINDEX_ENTRY.size:
                 self._write_txnindex(seg.base_offset, keep)
             if keep:
@@ -1111,6 +1123,22 @@ def _txnindex_bytes(entries) -> bytes:
     return b"".join(out)
 
 
+def _txnindex_entries(raw: bytes):
+    """(entries, bad) of .txnindex bytes: the entries (hi, lo, producer id,
+    first, marker) up to the first that fails its CRC, and that one's
+    number (None when every whole entry passes; a torn last one is left
+    out). Whether an entry's marker is in its segment is the caller's
+    question: opening cuts the file at the first that is not."""
+    out = []
+    size = TXNINDEX_ENTRY.size
+    for i in range(len(raw) // size):
+        *entry, crc = TXNINDEX_ENTRY.unpack_from(raw, i * size)
+        if crc != crc32c_of(raw[i * size:i * size + 40]):
+            return out, i
+        out.append(tuple(entry))
+    return out, None
+
+
 def _parse_txn_tables(body: bytes):
     ongoing, n = OngoingQueue.from_bytes(body)
     aborted, m = AbortSet.from_bytes(body[n:])
@@ -1171,6 +1199,79 @@ def _write_entries(path: str, a, b, truncate: bool = False) -> None:
         return
     with open(path, "ab") as f:
         f.write(entries.tobytes())
+
+
+def _torn(path: str) -> bool:
+    """Whether an index file ends in part of an entry (a write cut short)."""
+    try:
+        return os.path.getsize(path) % INDEX_ENTRY.itemsize != 0
+    except FileNotFoundError:
+        return False
+
+
+def index_problem(seg: Segment, offsets, positions, timestamps, time_offsets, size: int | None = None,
+                  next_offset: int | None = None):
+    """The first wrong entry of a segment's offset index (``offsets``,
+    ``positions``) or time index (``timestamps``, ``time_offsets``), as
+    (".index" or ".timeindex", entry number, reason), or None when every
+    entry names, in increasing order, a batch of ``seg`` below ``size``
+    bytes and ``next_offset`` (default: the segment's) as it says: the
+    batch header at that position holds that base offset (and that
+    publish time), and a time entry's offset is one the offset index
+    names (the broker makes both entries of a batch together).
+
+    One predicate for ``Partition.verify``, opening (which rebuilds an
+    index that has a problem) and ``txmq check`` (which calls it
+    repairable). It reads the headers of the named batches through the
+    segment's mapping in one vectorized pass, without their CRCs: it runs
+    on every open, over an entry every ``index_interval_bytes``. The CRC of
+    the batch an entry names is checked when a read first uses the entry
+    (``Segment._idx_entry_ok``), which bypasses an entry that fails it."""
+    size = seg.size if size is None else size
+    next_offset = seg.next_offset if next_offset is None else next_offset
+    offs, poss = np.asarray(offsets, np.int64), np.asarray(positions, np.int64)
+    ts, toffs = np.asarray(timestamps, np.int64), np.asarray(time_offsets, np.int64)
+    if not len(offs) and not len(ts):
+        return None
+    words = (np.frombuffer(seg.mapping, np.uint64, size // 8)
+             if size >= HEADER_SIZE_BYTES and seg.mapping is not None else np.empty(0, np.uint64))
+    try:
+        wrong = ((offs < seg.base_offset) | (offs >= next_offset) | (poss < 0) | (poss % 8 != 0)
+                 | (poss + HEADER_SIZE_BYTES > size))
+        wrong[1:] |= (np.diff(offs) <= 0) | (np.diff(poss) <= 0)
+        at = np.where(wrong, 0, poss // 8)
+        if len(words):
+            wrong |= ((words[at] & _HEAD_MASK) != _HEAD_WORD) | (words[at + _BASE_OFFSET_WORD].view(np.int64) != offs)
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            off, pos = int(offs[i]), int(poss[i])
+            if i and not (off > offs[i - 1] and pos > poss[i - 1]):
+                why = f"does not increase on the one before ({int(offs[i - 1])}, {int(poss[i - 1])})"
+            elif pos + HEADER_SIZE_BYTES > size or off >= next_offset:
+                why = f"points past the last batch (byte {size}, offset {next_offset})"
+            else:
+                why = "points away from the batch of that offset"
+            return ".index", i, f"(offset {off}, position {pos}) {why}"
+        named = np.minimum(np.searchsorted(offs, toffs), max(len(offs) - 1, 0))
+        wrong = (toffs < seg.base_offset) | (toffs >= next_offset)
+        wrong[1:] |= (np.diff(ts) <= 0) | (np.diff(toffs) < 0)
+        if len(offs):
+            wrong |= offs[named] != toffs
+            if len(words):
+                wrong |= words[np.where(wrong, 0, poss[named] // 8 + _PUBLISH_TIME_WORD)].view(np.int64) != ts
+        else:
+            wrong[:] = True
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            t, off = int(ts[i]), int(toffs[i])
+            if i and not (t > ts[i - 1] and off >= toffs[i - 1]):
+                why = f"does not increase on the one before ({int(ts[i - 1])}, {int(toffs[i - 1])})"
+            else:
+                why = "names no indexed batch published at that time"
+            return ".timeindex", i, f"(time {t}, offset {off}) {why}"
+        return None
+    finally:
+        del words
 
 
 def _monotone(entries) -> bool:

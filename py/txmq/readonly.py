@@ -67,7 +67,7 @@ from txmq.message import MessageId
 from txmq.subscription import ISOLATIONS
 from txmq.partition import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING,
-                            SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY,
+                            SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, _txnindex_entries,
                             _load_entries, _monotone, _parse_txn_tables, _valid_entries, never_delivered,
                             replay_txn_header)
 from txmq.txn import TxnID
@@ -374,12 +374,9 @@ class _PartitionReader:
                     raw = f.read()
             except FileNotFoundError:
                 continue           # deleted by retention since listdir
-            size = TXNINDEX_ENTRY.size
-            for i in range(len(raw) // size):
-                chunk = raw[i * size:(i + 1) * size]
-                hi, lo, _, first, marker, crc = TXNINDEX_ENTRY.unpack(chunk)
-                if crc != crc32c_of(chunk[:40]):
-                    break          # an entry being appended, or damage: the rest is not vouched for
+            # Up to the first bad entry (one being appended, or damage): the
+            # rest is not vouched for.
+            for hi, lo, _, first, marker in _txnindex_entries(raw)[0]:
                 aborted.add(hi, lo, first, marker)
         self._aborted_key, self._aborted = key, aborted
         return aborted

@@ -14,8 +14,12 @@ Each problem names a file and the byte where it is, and is one of:
 
 - ``corrupt``: bytes that fail their checks; opening the directory would
   cut the log or redo log there (or refuse the file), losing what follows;
+  or bytes that pass them but say something the log does not, which
+  opening trusts and so does not repair;
 - ``repairable``: derived data (indexes, snapshots, recovery point) that is
-  wrong or missing; opening the directory rebuilds it from the log.
+  wrong or missing; opening the directory rebuilds it from the log (an
+  index entry is wrong when ``txmq.partition.index_problem`` says so, the
+  predicate opening rebuilds by).
 
 Anything the broker does not write is listed as a note, not a problem.
 """
@@ -32,23 +36,23 @@ import numpy as np
 
 from txmq import _half, readonly
 from txmq._ackset import AckSet
-from txmq._log import FLAG, Segment, crc32c_of
+from txmq._log import Segment, crc32c_of
 from txmq._producers import ProducerStates
 from txmq._redolog import FILE_HEADER, parse
 from txmq._txn import AbortSet, OngoingQueue, replay_coordinator, replay_pending, replay_registry
 from txmq.cli import exits, opening
 from txmq.cli.output import Progress, emit_json, size, wants_progress
 from txmq.errors import CorruptLogError
-from txmq.partition import (INDEX_ENTRY, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
+from txmq.partition import (INDEX_ENTRY, MARKER_FLAGS, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
                             RECOVERY_POINT, RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION, SEGMENT_SUFFIX,
-                            TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY)
+                            TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY, _txnindex_entries,
+                            index_problem)
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES
 
 CORRUPT = "corrupt"
 REPAIRABLE = "repairable"
 REDO_HEADER_SIZE = len(FILE_HEADER)
 CURSOR_SNAPSHOT, CURSOR_ACK, CURSOR_MARK_DELETE, CURSOR_RESET, CURSOR_ACK_RANGE = 1, 2, 3, 4, 5
-MARKER_ABORT = FLAG["transactional"] | FLAG["control"] | FLAG["marker_abort"]
 
 
 @dataclass
@@ -314,11 +318,19 @@ class _Checker:
     def _indexes(self, pdir: str, seg: Segment, damaged: bool) -> None:
         stem = os.path.join(pdir, f"{seg.base_offset:020d}")
         raw = self._entries(stem + ".index", INDEX_ENTRY.itemsize)
-        if raw is not None:
-            self._offset_index(stem + ".index", np.frombuffer(raw, INDEX_ENTRY), seg, damaged)
-        raw = self._entries(stem + ".timeindex", INDEX_ENTRY.itemsize)
-        if raw is not None:
-            self._time_index(stem + ".timeindex", np.frombuffer(raw, INDEX_ENTRY), seg, damaged)
+        traw = self._entries(stem + ".timeindex", INDEX_ENTRY.itemsize)
+        if raw is not None and traw is not None:       # else opening rebuilds both
+            off, tix = np.frombuffer(raw, INDEX_ENTRY), np.frombuffer(traw, INDEX_ENTRY)
+            if damaged:
+                # Past the damage already reported in the segment: cut with it.
+                off = off[:np.argmax(np.append((off["b"] >= seg.size) | (off["a"] >= seg.next_offset), True))]
+                tix = tix[:np.argmax(np.append(tix["b"] >= seg.next_offset, True))]
+            problem = index_problem(seg, off["a"], off["b"], tix["a"], tix["b"])
+            if problem is not None:
+                suffix, i, reason = problem
+                self.report.problem(stem + suffix, i * INDEX_ENTRY.itemsize,
+                                    f"entry {reason} of {os.path.basename(seg.path)}; opening rebuilds "
+                                    f"the index from the segment", REPAIRABLE)
         raw = self._entries(stem + ".txnindex", TXNINDEX_ENTRY.size)
         if raw is not None:
             self._txn_index(stem + ".txnindex", raw, seg, damaged)
@@ -336,58 +348,33 @@ class _Checker:
             return None
         return pos, info
 
-    def _offset_index(self, path: str, entries, seg: Segment, damaged: bool) -> None:
-        prev = None
-        for i, (off, pos) in enumerate(zip(entries["a"].tolist(), entries["b"].tolist())):
-            if damaged and (pos >= seg.size or off >= seg.next_offset):
-                break                   # past the damage already reported in the segment
-            if prev is not None and not (off > prev[0] and pos > prev[1]):
-                self.report.problem(path, i * 16, f"entry (offset {off}, position {pos}) does not "
-                                                  f"increase on the one before {prev}", REPAIRABLE)
-                return
-            found = self._batch_base(seg, off)
-            if found is None or found[0] != pos:
-                where = "past the last batch" if pos >= seg.size else "away from the batch of that offset"
-                self.report.problem(path, i * 16, f"entry (offset {off}, position {pos}) points {where} "
-                                                  f"of {os.path.basename(seg.path)}", REPAIRABLE)
-                return
-            prev = (off, pos)
-
-    def _time_index(self, path: str, entries, seg: Segment, damaged: bool) -> None:
-        prev = None
-        for i, (ts, off) in enumerate(zip(entries["a"].tolist(), entries["b"].tolist())):
-            if damaged and off >= seg.next_offset:
-                break
-            if prev is not None and not (ts > prev[0] and off >= prev[1]):
-                self.report.problem(path, i * 16, f"entry (time {ts}, offset {off}) does not increase "
-                                                  f"on the one before {prev}", REPAIRABLE)
-                return
-            found = self._batch_base(seg, off)
-            if found is None or found[1].publish_time != ts:
-                self.report.problem(path, i * 16, f"entry (time {ts}, offset {off}) names no batch "
-                                                  f"published at that time in {os.path.basename(seg.path)}",
-                                    REPAIRABLE)
-                return
-            prev = (ts, off)
-
     def _txn_index(self, path: str, raw: bytes, seg: Segment, damaged: bool) -> None:
+        """Opening cuts a .txnindex at its first entry that fails its CRC
+        or whose marker lies outside the segment (repairable); an entry
+        that passes both is trusted (``aborted_transactions``, read-only
+        readers skip that transaction as aborted), so one that does not
+        name an ABORT marker of its transaction is corrupt."""
         size_ = TXNINDEX_ENTRY.size
-        for i in range(len(raw) // size_):
-            chunk = raw[i * size_:(i + 1) * size_]
-            hi, lo, _pid, first, marker, crc = TXNINDEX_ENTRY.unpack(chunk)
-            if crc != crc32c_of(chunk[:40]):
-                self.report.problem(path, i * size_, "entry fails its CRC", REPAIRABLE)
-                return
+        entries, bad = _txnindex_entries(raw)
+        for i, (hi, lo, _pid, first, marker) in enumerate(entries):
             if damaged and marker >= seg.next_offset:
+                return                  # opening cuts it with the damaged log
+            if not seg.base_offset <= marker < seg.next_offset:
+                self.report.problem(path, i * size_, f"entry (first offset {first}, marker {marker}) lies "
+                                                     f"outside {os.path.basename(seg.path)}; opening cuts the "
+                                                     f"index here", REPAIRABLE)
                 return
             found = self._batch_base(seg, marker)
             info = found and found[1]
-            if (not info or info.flags & MARKER_ABORT != MARKER_ABORT
+            if (not info or info.flags & MARKER_FLAGS[False] != MARKER_FLAGS[False]
                     or (info.txn_hi, info.txn_lo) != (hi, lo) or first > marker):
                 self.report.problem(path, i * size_, f"entry (first offset {first}, marker {marker}) does "
                                                      f"not name an ABORT marker of its transaction in "
-                                                     f"{os.path.basename(seg.path)}", REPAIRABLE)
+                                                     f"{os.path.basename(seg.path)}; the broker trusts it "
+                                                     f"(that transaction reads as aborted)")
                 return
+        if bad is not None:
+            self.report.problem(path, bad * size_, "entry fails its CRC", REPAIRABLE)
 
     def _recovery_point(self, pdir: str, bases: list):
         """(segment base, position, next offset) of a sound recovery point,
