@@ -776,6 +776,30 @@ def test_check_corrupt_redo_log_frame(capsys, logs):
                                             f"bytes, the frames from here on, are dropped)", "corrupt")]
 
 
+def test_check_cursor_frames_replayed_as_the_broker_replays_them(capsys, logs):
+    """An ACK_RANGE that ends before it starts acknowledges nothing: the
+    broker opens the cursor and check agrees; an ACK_RANGE of the wrong
+    size is refused by both."""
+    from txmq._redolog import frame
+    from txmq.cursor import ACK_RANGE
+    from txmq.errors import CorruptLogError
+    cursor = os.path.join(logs, "subscriptions", "t", "s", "cursor-0.log")
+    with open(cursor, "ab") as f:
+        f.write(frame(ACK_RANGE, struct.pack("<qq", 30, 25)))
+    assert _problems(capsys, logs) == (exits.OK, [])
+    with txmq.Broker(logs, fsync="never") as b:
+        assert b.subscribe("t", "s").receive(timeout=1.0).message_id.offset == 20
+    end = os.path.getsize(cursor)
+    with open(cursor, "ab") as f:
+        f.write(frame(ACK_RANGE, struct.pack("<q", 30)))
+    code, problems = _problems(capsys, logs)
+    assert code == exits.PROBLEMS and len(problems) == 1
+    assert problems[0][:2] == (cursor, end) and problems[0][3] == "corrupt"
+    assert problems[0][2].startswith("cursor frame of type 5: ") and "refuses the file" in problems[0][2]
+    with pytest.raises(CorruptLogError, match="cursor frame"):
+        txmq.Broker(logs, fsync="never")
+
+
 def test_check_coordinator_frame_that_does_not_parse(capsys, logs):
     """A frame with a right CRC whose payload is wrong is found by replay."""
     from txmq._redolog import frame

@@ -19,7 +19,7 @@ import struct
 import numpy as np
 
 from txmq._ackset import AckSet, add_many
-from txmq._redolog import FILE_HEADER, RedoLog
+from txmq._redolog import FILE_HEADER, SNAPSHOT, RedoLog
 from txmq.errors import CorruptLogError
 
 log = logging.getLogger("txmq.cursor")
@@ -32,7 +32,68 @@ _I64 = struct.Struct("<q")
 COMPACT_FRAMES = 10_000
 
 
-class Cursor:
+class CursorState:
+    """Mark-delete and the offsets acknowledged individually above it: what
+    a cursor log's frames replay to (:func:`replay`)."""
+
+    def __init__(self, mark_delete: int):
+        self.mark_delete = mark_delete
+        self.acked = AckSet()
+
+    def _apply(self, kind: int, payload: bytes) -> None:
+        """Apply one frame; ValueError when it is malformed."""
+        try:
+            if kind == SNAPSHOT:
+                self.mark_delete = _I64.unpack_from(payload)[0]
+                self.acked = AckSet.from_bytes(payload[8:])
+            elif kind == ACK:
+                n = struct.unpack_from("<I", payload)[0]
+                if len(payload) != 4 + 8 * n:
+                    raise ValueError(f"ack frame of {n} offsets has {len(payload)} bytes")
+                offs = np.frombuffer(payload, "<i8", n, 4)
+                add_many(self.acked, offs[offs >= self.mark_delete])
+                self._advance()
+            elif kind == MARK_DELETE:
+                self._set_mark_delete(_I64.unpack(payload)[0])
+            elif kind == ACK_RANGE:
+                start, end = struct.unpack("<qq", payload)
+                self.acked.add_range(max(start, self.mark_delete), end)
+                self._advance()
+            elif kind == RESET:
+                self.mark_delete = _I64.unpack(payload)[0]
+                self.acked.clear()
+            else:
+                raise ValueError(f"unknown cursor frame type {kind}")
+        except struct.error as e:
+            raise ValueError(str(e)) from None
+
+    def _advance(self) -> None:
+        md = self.acked.first_unacked(self.mark_delete)
+        if md != self.mark_delete:
+            self.mark_delete = md
+            self.acked.trim_below(md)
+
+    def _set_mark_delete(self, offset: int) -> None:
+        if offset > self.mark_delete:
+            self.mark_delete = offset
+            self.acked.trim_below(offset)
+            self._advance()
+
+    def is_acked(self, offset: int) -> bool:
+        return offset < self.mark_delete or self.acked.contains(offset)
+
+
+def replay(frames, initial_offset: int) -> CursorState:
+    """The state cursor-log ``frames`` ``[(type, payload)]`` replay to from
+    ``initial_offset``, as opening the log replays them (read-only readers
+    and ``txmq check`` use it). Raises ValueError at a malformed frame."""
+    state = CursorState(initial_offset)
+    for kind, payload in frames:
+        state._apply(kind, payload)
+    return state
+
+
+class Cursor(CursorState):
     """Mark-delete + individual acks of one partition, durable per ``fsync``."""
 
     def __init__(self, path, fsync: str, initial_offset: int, lost_offset: int):
@@ -45,8 +106,7 @@ class Cursor:
         """
         self.log = RedoLog(path, fsync)
         existed = self.log.size > len(FILE_HEADER)
-        self.mark_delete = initial_offset
-        self.acked = AckSet()
+        super().__init__(initial_offset)
         self.problems: list[str] = []
         frames = self.log.replay()
         if self.log.dropped is not None:
@@ -61,7 +121,10 @@ class Cursor:
             self.log.append(RESET, _I64.pack(initial_offset))
             self.log.sync()
         for kind, payload in frames:
-            self._apply(kind, payload)
+            try:
+                self._apply(kind, payload)
+            except ValueError as e:
+                raise CorruptLogError(self.log.path, 0, f"cursor frame: {e}") from None
 
     def _problem(self, text: str) -> None:
         self.problems.append(text)
@@ -84,47 +147,6 @@ class Cursor:
                     kept.add_range(a, min(b, end_offset))
             self.acked = kept
             self.log.compact(_I64.pack(self.mark_delete) + self.acked.to_bytes())
-
-    def _apply(self, kind: int, payload: bytes) -> None:
-        try:
-            if kind == 1:
-                self.mark_delete = _I64.unpack_from(payload)[0]
-                self.acked = AckSet.from_bytes(payload[8:])
-            elif kind == ACK:
-                n = struct.unpack_from("<I", payload)[0]
-                if len(payload) != 4 + 8 * n:
-                    raise ValueError(f"ack frame of {n} offsets has {len(payload)} bytes")
-                offs = np.frombuffer(payload, "<i8", n, 4)
-                add_many(self.acked, offs[offs >= self.mark_delete])
-                self._advance()
-            elif kind == MARK_DELETE:
-                self._set_mark_delete(_I64.unpack(payload)[0])
-            elif kind == ACK_RANGE:
-                start, end = struct.unpack("<qq", payload)
-                self.acked.add_range(max(start, self.mark_delete), end)
-                self._advance()
-            elif kind == RESET:
-                self.mark_delete = _I64.unpack(payload)[0]
-                self.acked.clear()
-            else:
-                raise ValueError(f"unknown cursor frame type {kind}")
-        except (struct.error, ValueError) as e:
-            raise CorruptLogError(self.log.path, 0, f"cursor frame: {e}") from None
-
-    def _advance(self) -> None:
-        md = self.acked.first_unacked(self.mark_delete)
-        if md != self.mark_delete:
-            self.mark_delete = md
-            self.acked.trim_below(md)
-
-    def _set_mark_delete(self, offset: int) -> None:
-        if offset > self.mark_delete:
-            self.mark_delete = offset
-            self.acked.trim_below(offset)
-            self._advance()
-
-    def is_acked(self, offset: int) -> bool:
-        return offset < self.mark_delete or self.acked.contains(offset)
 
     def ack(self, offsets, sync: bool = True) -> list:
         """Acknowledge offsets individually; return those that were new.

@@ -54,13 +54,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from txmq._ackset import AckSet
 from txmq._log import FLAG, Segment, crc32c_of
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
                        replay_pending)
 from txmq.batcharrow import batch_arrays
-from txmq.cursor import Cursor
+from txmq.cursor import replay as replay_cursor
 from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentError, PartitionNotFoundError,
                          TopicNotFoundError)
 from txmq.message import MessageId
@@ -667,24 +666,16 @@ def _read_redo(path: str):
     return [(t, payload) for t, payload, _ in frames[last:]]
 
 
-class _CursorReplay(Cursor):
-    """A cursor rebuilt from frames already read: the replay of
-    :class:`txmq.cursor.Cursor` without its file."""
-
-    def __init__(self, path: str, frames: list, initial_offset: int):
-        self.log = type("_Named", (), {"path": path})()
-        self.mark_delete = initial_offset
-        self.acked = AckSet()
-        self.problems = []
-        for kind, payload in frames:
-            self._apply(kind, payload)
-
-
 def _read_cursor(path: str, log_start: int):
+    """The mark-delete and acks (:class:`txmq.cursor.CursorState`) a cursor
+    log replays to, as opening it replays them; None when it is missing."""
     frames = _read_redo(path)
     if frames is None:
         return None
-    return _CursorReplay(path, frames, log_start)
+    try:
+        return replay_cursor(frames, log_start)
+    except ValueError as e:
+        raise CorruptLogError(path, 0, f"cursor frame: {e}") from None
 
 
 # -- Arrow ---------------------------------------------------------------------------

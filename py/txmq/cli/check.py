@@ -6,9 +6,9 @@ the broker reads them with, in read-only mode: segments through the Cython
 ``Segment`` (mapped read-only; its scan checks magic, lengths, CRC,
 offsets and the dense base offsets of every batch and never truncates when
 not writable), redo logs through ``_redolog.parse`` and the replay
-functions of ``_txn`` (coordinator, pending acks, producer registry), and
-the fixed-layout files through the ``struct`` layouts of
-``txmq.partition``. Formats: docs/FORMAT.md.
+functions of ``_txn`` (coordinator, pending acks, producer registry) and
+``txmq.cursor.replay`` (cursors), and the fixed-layout files through the
+``struct`` layouts of ``txmq.partition``. Formats: docs/FORMAT.md.
 
 Each problem names a file and the byte where it is, and is one of:
 
@@ -28,20 +28,19 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from txmq import _half, readonly
-from txmq._ackset import AckSet
 from txmq._log import Segment, crc32c_of
 from txmq._producers import ProducerStates
 from txmq._redolog import FILE_HEADER, parse
 from txmq._txn import AbortSet, OngoingQueue, replay_coordinator, replay_pending, replay_registry
 from txmq.cli import exits, opening
 from txmq.cli.output import Progress, emit_json, size, wants_progress
+from txmq.cursor import replay as replay_cursor
 from txmq.errors import CorruptLogError
 from txmq.partition import (INDEX_ENTRY, MARKER_FLAGS, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
                             RECOVERY_POINT, RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION, SEGMENT_SUFFIX,
@@ -52,7 +51,6 @@ from txmq.subscription import ISOLATIONS, POSITIONS, TYPES
 CORRUPT = "corrupt"
 REPAIRABLE = "repairable"
 REDO_HEADER_SIZE = len(FILE_HEADER)
-CURSOR_SNAPSHOT, CURSOR_ACK, CURSOR_MARK_DELETE, CURSOR_RESET, CURSOR_ACK_RANGE = 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -471,7 +469,7 @@ class _Checker:
             if name == "subscription.json":
                 continue
             if name.startswith("cursor-") and name.endswith(".log"):
-                self._redo(path, _cursor_frames)
+                self._redo(path, _replayed(_replay_cursor, "cursor frame"))
             elif name.startswith("pending-") and name.endswith(".log"):
                 self._redo(path, _replayed(replay_pending, "pending-ack frame"))
             else:
@@ -533,38 +531,8 @@ def _fails(replay, pairs):
     return None
 
 
-def _cursor_frames(frames):
-    """Cursor frames (docs/FORMAT.md): each payload has its type's size."""
-    for kind, payload, pos in frames:
-        n = len(payload)
-        reason = None
-        if kind == CURSOR_SNAPSHOT:
-            if n < 8:
-                reason = f"snapshot of {n} bytes, shorter than its mark-delete"
-            else:
-                try:
-                    AckSet.from_bytes(payload[8:])
-                except ValueError as e:
-                    reason = f"snapshot ack set: {e}"
-        elif kind == CURSOR_ACK:
-            count = int.from_bytes(payload[:4], "little") if n >= 4 else -1
-            if count < 0 or n != 4 + 8 * count:
-                reason = f"ack frame of {n} bytes does not hold its count of offsets"
-        elif kind in (CURSOR_MARK_DELETE, CURSOR_RESET):
-            if n != 8:
-                reason = f"frame of {n} bytes, expected 8"
-        elif kind == CURSOR_ACK_RANGE:
-            if n != 16:
-                reason = f"ack range of {n} bytes, expected 16"
-            else:
-                start, end = struct.unpack("<qq", payload)
-                if start > end:
-                    reason = "ack range ends before it starts"
-        else:
-            reason = f"unknown cursor frame type {kind}"
-        if reason is not None:
-            return pos, f"cursor frame: {reason}"
-    return None
+def _replay_cursor(pairs) -> None:
+    replay_cursor(pairs, 0)     # what opening does with the frames; the start offset changes no verdict
 
 
 def _txn_tables(body: bytes) -> None:
