@@ -867,6 +867,25 @@ def test_check_txnindex_entry_outside_its_segment_is_repaired_by_open(capsys, mo
     assert _problems(capsys, logs) == (exits.OK, [])
 
 
+def test_check_recovery_point_the_broker_refuses(capsys, monkeypatch, logs):
+    """A recovery point whose CRC checks but whose next offset lies below
+    its segment is refused by opening (it scans every segment) and so
+    reported by check; one open replaces it."""
+    from txmq._log import crc32c_of
+    rp = os.path.join(logs, "topics", "t", "0", "recovery-point")
+    with open(rp, "rb") as f:
+        magic, version, base, pos, _, _ = struct.unpack("<4sB3xqqqI4x", f.read())
+    body = struct.pack("<4sB3xqqq", magic, version, base, pos, base - 1)
+    with open(rp, "wb") as f:
+        f.write(body + struct.pack("<I4x", crc32c_of(body)))
+    code, problems = _problems(capsys, logs)
+    assert code == exits.PROBLEMS and len(problems) == 1
+    assert problems[0][:2] == (rp, 16) and problems[0][3] == "repairable"
+    assert f"next offset {base - 1} is out of range; the next open scans every segment" in problems[0][2]
+    _open_once(logs, monkeypatch)
+    assert _problems(capsys, logs) == (exits.OK, [])
+
+
 def test_check_recovery_point_off_a_batch_boundary(capsys, logs):
     from txmq._log import crc32c_of
     rp = os.path.join(logs, "topics", "t", "0", "recovery-point")

@@ -329,16 +329,18 @@ class Partition:
         log.warning("txmq: truncated %s", dropped)
 
     def _read_recovery_point(self, bases):
+        path = os.path.join(self.path, "recovery-point")
         try:
-            with open(os.path.join(self.path, "recovery-point"), "rb") as f:
+            with open(path, "rb") as f:
                 raw = f.read(RECOVERY_POINT.size)
-            magic, version, base, pos, next_offset, crc = RECOVERY_POINT.unpack(raw)
-        except (OSError, struct.error):
+        except OSError:
             return None
-        if (magic != RECOVERY_POINT_MAGIC or version != RECOVERY_POINT_VERSION
-                or crc != crc32c_of(raw[:32]) or base not in bases or pos < 0 or next_offset < base):
-            self._report(Dropped(os.path.join(self.path, "recovery-point"), 0,
-                                 "invalid recovery point; scanning every segment"))
+        try:
+            base, pos, next_offset = parse_recovery_point(path, raw, bases)
+        except CorruptLogError as e:
+            if len(raw) == RECOVERY_POINT.size:      # shorter: its first write, cut short
+                self._report(Dropped(path, e.position, f"invalid recovery point ({e.reason}); "
+                                                       f"scanning every segment"))
             return None
         if pos > os.path.getsize(self._file(base, SEGMENT_SUFFIX)):
             return None
@@ -806,14 +808,9 @@ class Partition:
         except FileNotFoundError:
             return None
         try:
-            if len(raw) < head.size + 8 or struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
-                raise ValueError("bad length or CRC")
-            fields = head.unpack_from(raw)
-            if fields[0] != magic or fields[1] != version:
-                raise ValueError(f"bad magic or version {fields[0]!r} {fields[1]}")
-            tables = parse(raw[head.size:-4])
-        except (ValueError, struct.error) as e:
-            self._report(Dropped(path, 0, f"snapshot unusable ({e}); rebuilt from the log"))
+            fields, tables = parse_snapshot(path, raw, magic, version, head, parse)
+        except CorruptLogError as e:
+            self._report(Dropped(path, e.position, f"snapshot unusable ({e.reason}); rebuilt from the log"))
             return None
         if not self.start_offset <= fields[-1] <= self.end_offset:
             # Taken past a tail that recovery cut, or before retention
@@ -1137,6 +1134,48 @@ def _txnindex_entries(raw: bytes):
             return out, i
         out.append(tuple(entry))
     return out, None
+
+
+def parse_recovery_point(path: str, raw: bytes, bases) -> tuple:
+    """(segment base, position, next offset) of recovery-point bytes ``raw``
+    of a partition whose segments start at ``bases``; CorruptLogError (at
+    the byte it is about) when they are not a sound one. Whether the
+    position lies in its segment is the caller's to check."""
+    if len(raw) < RECOVERY_POINT.size:
+        raise CorruptLogError(path, len(raw), f"{len(raw)} bytes, expected {RECOVERY_POINT.size}")
+    magic, version, base, pos, next_offset, crc = RECOVERY_POINT.unpack_from(raw)
+    if magic != RECOVERY_POINT_MAGIC:
+        raise CorruptLogError(path, 0, f"bad magic {magic!r}")
+    if version != RECOVERY_POINT_VERSION:
+        raise CorruptLogError(path, 4, f"unknown version {version}")
+    if crc != crc32c_of(raw[:32]):
+        raise CorruptLogError(path, 32, "CRC mismatch")
+    if base not in bases:
+        raise CorruptLogError(path, 8, f"names segment {base}, which does not exist")
+    if pos < 0 or next_offset < base:
+        raise CorruptLogError(path, 16, f"position {pos} or next offset {next_offset} is out of range")
+    return base, pos, next_offset
+
+
+def parse_snapshot(path: str, raw: bytes, magic: bytes, version: int, head: struct.Struct, parse_tables):
+    """(header fields, parse_tables(tables)) of the bytes ``raw`` of a
+    snapshot file (txnbuffer.snap, producers.snap: ``head``, the tables,
+    a crc32c of all before it); CorruptLogError (at the byte it is about)
+    when they fail a check. Whether its offset, the last header field,
+    lies in the log is the caller's to check."""
+    if len(raw) < head.size + 8:
+        raise CorruptLogError(path, len(raw), "shorter than its header and CRC")
+    if struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
+        raise CorruptLogError(path, len(raw) - 4, "CRC mismatch")
+    fields = head.unpack_from(raw)
+    if fields[0] != magic:
+        raise CorruptLogError(path, 0, f"bad magic {fields[0]!r}")
+    if fields[1] != version:
+        raise CorruptLogError(path, 4, f"unknown version {fields[1]}")
+    try:
+        return fields, parse_tables(raw[head.size:-4])
+    except (ValueError, OverflowError, struct.error) as e:
+        raise CorruptLogError(path, head.size, f"tables do not parse: {e}") from None
 
 
 def _parse_txn_tables(body: bytes):

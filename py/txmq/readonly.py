@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from txmq._log import FLAG, Segment, crc32c_of
+from txmq._log import FLAG, Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
                        replay_pending)
@@ -66,9 +66,9 @@ from txmq.message import MessageId
 from txmq.subscription import ISOLATIONS
 from txmq.partition import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING,
-                            SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, _txnindex_entries,
-                            _load_entries, _monotone, _parse_txn_tables, _valid_entries, never_delivered,
-                            replay_txn_header)
+                            SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, _load_entries,
+                            _monotone, _parse_txn_tables, _txnindex_entries, _valid_entries, never_delivered,
+                            parse_snapshot, replay_txn_header)
 from txmq.txn import TxnID
 
 __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
@@ -435,18 +435,17 @@ class _PartitionReader:
         """(ongoing, aborted, replay from) out of ``txnbuffer.snap`` when it
         checks and lies in the log, else empty tables from the log start."""
         start = bases[0] if bases else 0
+        path = os.path.join(self.path, "txnbuffer.snap")
         try:
-            with builtin_open(os.path.join(self.path, "txnbuffer.snap"), "rb") as f:
+            with builtin_open(path, "rb") as f:
                 raw = f.read()
-            if len(raw) < TXNBUF_HEAD.size + 8 or struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
-                raise ValueError("bad length or CRC")
-            magic, version, _, offset = TXNBUF_HEAD.unpack_from(raw)
-            if (magic, version) != (TXNBUF_MAGIC, TXNBUF_VERSION) or offset < start:
-                raise ValueError("bad head or offset")
-            ongoing, aborted = _parse_txn_tables(raw[TXNBUF_HEAD.size:-4])
-            return ongoing, aborted, offset
-        except (OSError, ValueError, struct.error):
+            (_, _, _, offset), (ongoing, aborted) = parse_snapshot(path, raw, TXNBUF_MAGIC, TXNBUF_VERSION,
+                                                                   TXNBUF_HEAD, _parse_txn_tables)
+        except (OSError, CorruptLogError):
+            offset = -1
+        if offset < start:
             return OngoingQueue(), AbortSet(), start
+        return ongoing, aborted, offset
 
 
 class _Moved(Exception):

@@ -34,18 +34,17 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from txmq import _half, readonly
-from txmq._log import Segment, crc32c_of
-from txmq._producers import ProducerStates
-from txmq._redolog import FILE_HEADER, parse
-from txmq._txn import AbortSet, OngoingQueue, replay_coordinator, replay_pending, replay_registry
+from txmq._log import Segment
+from txmq._redolog import FILE_HEADER, SNAPSHOT, parse
+from txmq._txn import replay_coordinator, replay_pending, replay_registry
 from txmq.cli import exits, opening
 from txmq.cli.output import Progress, emit_json, size, wants_progress
 from txmq.cursor import replay as replay_cursor
 from txmq.errors import CorruptLogError
 from txmq.partition import (INDEX_ENTRY, MARKER_FLAGS, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
-                            RECOVERY_POINT, RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION, SEGMENT_SUFFIX,
-                            TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY, _txnindex_entries,
-                            index_problem)
+                            SEGMENT_FILES, SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION,
+                            TXNINDEX_ENTRY, _parse_producer_table, _parse_txn_tables, _txnindex_entries,
+                            index_problem, parse_recovery_point, parse_snapshot)
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES
 
 CORRUPT = "corrupt"
@@ -170,11 +169,8 @@ class _Checker:
         redo = os.path.join(hdir, "redo.log")
         if not os.path.exists(redo):
             return
-        self._redo(redo, _replayed(_half.replay, "half-message redo frame"))
-        with open(redo, "rb") as f:
-            data = f.read()
-        frames = parse(data)[0] if data[:4] == FILE_HEADER[:4] else []
-        last = max([i for i, f in enumerate(frames) if f[0] == 1], default=0)
+        frames = self._redo(redo, _replayed(_half.replay, "half-message redo frame"))
+        last = max([i for i, f in enumerate(frames) if f[0] == SNAPSHOT], default=0)
         try:
             base, records, _, _, _ = _half.replay([(t, p) for t, p, _ in frames[last:]])
         except (ValueError, OverflowError):
@@ -262,7 +258,7 @@ class _Checker:
         # is rewritten by every open and not checked here.
         known = {"recovery-point", "txnbuffer.snap", "producers.snap", "readview"}
         for b in bases:
-            known |= {f"{b:020d}{s}" for s in (SEGMENT_SUFFIX, ".index", ".timeindex", ".txnindex")}
+            known |= {f"{b:020d}{s}" for s in SEGMENT_FILES}
         for n in names:
             if n not in known:
                 self._note_unknown(os.path.join(pdir, n))
@@ -294,9 +290,9 @@ class _Checker:
         start = bases[0] if bases else 0
         end = None if any(d for _, _, d in segments.values()) else (prev_end or 0)
         self._snapshot(os.path.join(pdir, "txnbuffer.snap"), TXNBUF_MAGIC, TXNBUF_VERSION, TXNBUF_HEAD,
-                       _txn_tables, start, end)
+                       _parse_txn_tables, start, end)
         self._snapshot(os.path.join(pdir, "producers.snap"), PRODUCERS_MAGIC, PRODUCERS_VERSION,
-                       PRODUCERS_HEAD, _producer_table, start, end)
+                       PRODUCERS_HEAD, _parse_producer_table, start, end)
 
     def _entries(self, path: str, entry_size: int):
         """The whole entries of an index-like file, or None when it is
@@ -384,21 +380,11 @@ class _Checker:
         self._done(path)
         with open(path, "rb") as f:
             raw = f.read()
-        if len(raw) < RECOVERY_POINT.size:
-            self.report.problem(path, len(raw), f"{len(raw)} bytes, expected {RECOVERY_POINT.size}", REPAIRABLE)
+        try:
+            return parse_recovery_point(path, raw, bases)
+        except CorruptLogError as e:
+            self.report.problem(path, e.position, f"{e.reason}; the next open scans every segment", REPAIRABLE)
             return None
-        magic, version, base, pos, next_offset, crc = RECOVERY_POINT.unpack_from(raw)
-        if magic != RECOVERY_POINT_MAGIC:
-            self.report.problem(path, 0, f"bad magic {magic!r}", REPAIRABLE)
-        elif version != RECOVERY_POINT_VERSION:
-            self.report.problem(path, 4, f"unknown version {version}", REPAIRABLE)
-        elif crc != crc32c_of(raw[:32]):
-            self.report.problem(path, 32, "CRC mismatch", REPAIRABLE)
-        elif base not in bases:
-            self.report.problem(path, 8, f"names segment {base}, which does not exist", REPAIRABLE)
-        else:
-            return base, pos, next_offset
-        return None
 
     def _recovery_point_in(self, pdir: str, point: tuple, seg: Segment, damaged: bool) -> None:
         """The recovery point's position is a batch boundary of its segment
@@ -424,24 +410,10 @@ class _Checker:
         self._done(path)
         with open(path, "rb") as f:
             raw = f.read()
-        if len(raw) < head.size + 8:
-            self.report.problem(path, len(raw), "shorter than its header and CRC", REPAIRABLE)
-            return
-        if int.from_bytes(raw[-4:], "little") != crc32c_of(raw[:-4]):
-            self.report.problem(path, len(raw) - 4, "CRC mismatch; the next open rebuilds it from the log",
-                                REPAIRABLE)
-            return
-        fields = head.unpack_from(raw)
-        if fields[0] != magic:
-            self.report.problem(path, 0, f"bad magic {fields[0]!r}", REPAIRABLE)
-            return
-        if fields[1] != version:
-            self.report.problem(path, 4, f"unknown version {fields[1]}", REPAIRABLE)
-            return
         try:
-            parse_tables(raw[head.size:-4])
-        except (ValueError, OverflowError) as e:
-            self.report.problem(path, head.size, f"tables do not parse: {e}", REPAIRABLE)
+            fields, _ = parse_snapshot(path, raw, magic, version, head, parse_tables)
+        except CorruptLogError as e:
+            self.report.problem(path, e.position, f"{e.reason}; the next open rebuilds it from the log", REPAIRABLE)
             return
         if end is not None and not start <= fields[-1] <= end:
             self.report.problem(path, head.size - 8, f"taken at offset {fields[-1]}, outside the log "
@@ -475,24 +447,25 @@ class _Checker:
             else:
                 self._note_unknown(path)
 
-    def _redo(self, path: str, validate) -> None:
+    def _redo(self, path: str, validate) -> list:
         """A framed redo log: file header, every frame's length and CRC,
         then what its frames say (``validate(frames)`` -> (position, reason)
-        of the first bad one, or None)."""
+        of the first bad one, or None). Returns the frames that passed
+        their CRC, ``[(type, payload, position)]``."""
         self._done(path)
         with open(path, "rb") as f:
             data = f.read()
         if not data:
-            return                      # created, header not yet written: opening writes it
+            return []                   # created, header not yet written: opening writes it
         if len(data) < REDO_HEADER_SIZE:
             self.report.problem(path, 0, f"torn file header ({len(data)} bytes)")
-            return
+            return []
         if data[:4] != FILE_HEADER[:4]:
             self.report.problem(path, 0, f"bad redo-log magic {data[:4].hex()}; the broker refuses the file")
-            return
+            return []
         if data[4] != FILE_HEADER[4]:
             self.report.problem(path, 4, f"unknown redo-log version {data[4]}; the broker refuses the file")
-            return
+            return []
         frames, end, reason = parse(data)
         if reason is not None:
             self.report.problem(path, end, f"{reason}; opening cuts the log here ({len(data) - end:,} "
@@ -500,6 +473,7 @@ class _Checker:
         bad = validate(frames)
         if bad is not None:
             self.report.problem(path, bad[0], f"{bad[1]}; the broker refuses the file")
+        return frames
 
 
 def _replayed(replay, what: str):
@@ -535,14 +509,3 @@ def _replay_cursor(pairs) -> None:
     replay_cursor(pairs, 0)     # what opening does with the frames; the start offset changes no verdict
 
 
-def _txn_tables(body: bytes) -> None:
-    _, n = OngoingQueue.from_bytes(body)
-    _, m = AbortSet.from_bytes(body[n:])
-    if n + m != len(body):
-        raise ValueError(f"{len(body) - n - m} stray bytes after the tables")
-
-
-def _producer_table(body: bytes) -> None:
-    _, n = ProducerStates.from_bytes(body)
-    if n != len(body):
-        raise ValueError(f"{len(body) - n} stray bytes after the producer table")
