@@ -73,6 +73,20 @@ def test_demo_in_process(capsys, tmp_path, monkeypatch):
     assert demo_mod._prepare(str(d)) is True and os.listdir(d) == []
 
 
+def test_demo_replaces_a_directory_a_killed_owner_left_a_socket_in(tmp_path):
+    """A demo worker SIGKILLed while serving leaves control.sock (and maybe
+    staging/) behind: still the data directory of an earlier demo."""
+    d = tmp_path / "data"
+    with txmq.Broker(str(d), fsync="never") as b:
+        b.create_topic(demo_bank.REQUESTS)
+    (d / "control.sock").touch()
+    (d / "staging").mkdir(exist_ok=True)
+    assert demo_mod._prepare(str(d)) is True and os.listdir(d) == []
+    (d / "notes.txt").touch()
+    with pytest.raises(exits.CliError, match="not the data directory of an earlier demo"):
+        demo_mod._prepare(str(d))
+
+
 @pytest.mark.skipif(_script() is None, reason="the txmq console script is not installed")
 def test_demo_console_script_json(tmp_path):
     """The installed command, as a user runs it, with --json. When pyspark

@@ -60,6 +60,10 @@ from txmq.txn import TxnID, TxnState
 
 log = logging.getLogger("txmq.broker")
 
+# Every top-level entry of a data directory (the layout above): what txmq
+# check knows and what the demo may replace.
+DATA_DIR_ENTRIES = frozenset({"LOCK", "topics", "subscriptions", "coordinator", "producers.log", "half",
+                              "control.sock", "staging"})
 FSYNC_MODES = ("commit", "always", "never")
 MiB = 1024 * 1024
 TIMEOUT_CHECK_INTERVAL = 0.05     # seconds between transaction timeout checks

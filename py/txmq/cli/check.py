@@ -37,6 +37,7 @@ from txmq import _half, readonly
 from txmq._log import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse
 from txmq._txn import replay_coordinator, replay_pending, replay_registry
+from txmq.broker import DATA_DIR_ENTRIES
 from txmq.cli import exits, opening
 from txmq.cli.output import Progress, emit_json, size, wants_progress
 from txmq.cursor import replay as replay_cursor
@@ -127,11 +128,8 @@ class _Checker:
         self.bar.update(n, os.path.relpath(path, self.root))
 
     def run(self) -> None:
-        # control.sock and staging/ belong to later work (DESIGN.md §8).
-        known = {"LOCK", "topics", "subscriptions", "coordinator", "producers.log", "control.sock",
-                 "staging", "half"}
         for name in sorted(os.listdir(self.root)):
-            if name not in known:
+            if name not in DATA_DIR_ENTRIES:
                 self.report.notes.append(f"{os.path.join(self.root, name)}: not a file txmq writes; not checked")
         topics = {}
         tdir = os.path.join(self.root, "topics")

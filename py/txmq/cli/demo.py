@@ -27,6 +27,7 @@ import sys
 import time
 
 import txmq
+from txmq.broker import DATA_DIR_ENTRIES
 from txmq.cli import demo_bank, demo_spark, demo_windows, exits, output
 from txmq.cli.demo_worker import run_and_kill
 
@@ -36,7 +37,6 @@ DEFAULT_DIR = "txmq-data"
 # What a data directory of an earlier demo holds, so it may be replaced.
 DEMO_TOPICS = {demo_bank.REQUESTS, demo_bank.BALANCES, *demo_windows.INPUTS, demo_windows.OUTPUT,
                f"{demo_windows.NAME}-state", f"{demo_windows.NAME}-dlq", "demo-orders"}
-DATA_DIR_ENTRIES = {"LOCK", "topics", "subscriptions", "coordinator", "producers.log", "half"}
 
 
 def parse_size(text: str) -> int:
