@@ -308,6 +308,24 @@ def test_consume_durable_subscription_acks(capsys, data):
 
 # -- subscriptions ------------------------------------------------------------------------------
 
+def test_subscription_stats_view_each_partition_once(monkeypatch, data):
+    """However many subscriptions, a command views each partition once:
+    the figures of one command agree with each other."""
+    from txmq.cli.view import DirectoryView
+    with txmq.Broker(data, fsync="never") as b:
+        b.subscribe("orders", "audit", initial_position="earliest").close()
+    viewed = []
+    real = readonly.ReadOnlyDirectory.view
+    monkeypatch.setattr(readonly.ReadOnlyDirectory, "view",
+                        lambda self, topic, p: viewed.append((topic, p)) or real(self, topic, p))
+    with DirectoryView(data) as v:
+        stats = v.subscription_stats("orders")
+        assert sorted(stats) == ["audit", "billing"]
+        assert [p["partition"] for p in stats["billing"]["partitions"]] == [0, 1, 2]
+        v.partition_stats("orders")
+    assert sorted(viewed) == [("orders", 0), ("orders", 1), ("orders", 2)]
+
+
 def test_subscriptions_list_describe_reset(capsys, data):
     code, out, _ = run(capsys, "subscriptions", "list", data)
     assert code == 0

@@ -556,21 +556,24 @@ class ReadOnlyDirectory:
             return []
         return sorted(n for n in os.listdir(root) if os.path.exists(os.path.join(root, n, "subscription.json")))
 
-    def subscription(self, topic: str, name: str) -> dict:
+    def subscription(self, topic: str, name: str, view_of=None) -> dict:
         """A subscription's settings and, per partition, its cursor
         (mark-delete, individually acknowledged offsets above it), the
         transactions holding pending acks there, and its backlog: the
         deliverable messages from mark-delete to the end its isolation
         reads to that are not acknowledged. Replays the cursor and
-        pending-ack logs without truncating them."""
+        pending-ack logs without truncating them. ``view_of(topic,
+        partition)`` gives the partition views (default :meth:`view`, a
+        fresh one each): a caller that already holds them passes its own."""
         root = os.path.join(self.path, "subscriptions", topic, name)
         with builtin_open(os.path.join(root, "subscription.json")) as f:
             settings = json.load(f)
         isolation = settings.get("isolation", "read_committed")
         committed = isolation == "read_committed"
         out = dict(settings, name=name, topic=topic, partitions={})
+        view_of = view_of or self.view
         for p in self.partitions(topic):
-            view = self.view(topic, p)
+            view = view_of(topic, p)
             cursor = _read_cursor(os.path.join(root, f"cursor-{p}.log"), view.log_start)
             pending = _read_redo(os.path.join(root, f"pending-{p}.log"))
             held = replay_pending(pending) if pending is not None else {}

@@ -40,6 +40,7 @@ class DirectoryView:
         self._progress = output.wants_progress(progress)
         self._views: dict = {}
         self._txns = None
+        self._spinning = False
 
     def held_by(self) -> str:
         """Who holds the directory, as the output says it."""
@@ -99,7 +100,7 @@ class DirectoryView:
         out = {}
         with self._busy():
             for name in self.ro.subscriptions(topic):
-                s = self.ro.subscription(topic, name)
+                s = self.ro.subscription(topic, name, view_of=self.partition)
                 parts = [{"partition": p, "mark_delete": c["mark_delete"],
                           "individually_acked": c.get("acked_above_mark_delete"),
                           "pending_transactions": c["pending_transactions"], "backlog": c.get("backlog")}
@@ -132,9 +133,17 @@ class DirectoryView:
     def _busy(self):
         # Quick on a directory whose partitions published a readview; a
         # partition its dead owner left without one is scanned, which on a
-        # large directory takes a while: show that it is working.
-        with output.Spinner(f"reading {self.path}", self._progress):
+        # large directory takes a while: show that it is working (once,
+        # when a busy call views a partition).
+        if self._spinning:
             yield
+            return
+        self._spinning = True
+        try:
+            with output.Spinner(f"reading {self.path}", self._progress):
+                yield
+        finally:
+            self._spinning = False
 
     def close(self) -> None:
         self._views.clear()
