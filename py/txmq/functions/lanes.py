@@ -35,17 +35,17 @@ def lane_tid(function: str, lane: int) -> str:
 
 class Lane:
     """One lane this instance owns: its transactional producer (the
-    fencing token), its producers, its window state, and the snapshot of
-    its last committed step (what an aborted step goes back to)."""
+    fencing token, whose ``producer(topic)`` caches a producer per topic),
+    its window state, and the snapshot of its last committed step (what an
+    aborted step goes back to)."""
 
-    __slots__ = ("index", "tp", "state", "committed", "output", "state_producer", "dead", "late")
+    __slots__ = ("index", "tp", "state", "committed")
 
     def __init__(self, index: int, tp, state: WindowState, committed: bytes):
         self.index = index
         self.tp = tp
         self.state = state
         self.committed = committed
-        self.output = self.state_producer = self.dead = self.late = None
 
     @property
     def lost(self) -> bool:

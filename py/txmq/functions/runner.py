@@ -447,7 +447,7 @@ class Function:
             fired = state.fire()
             snapshot = state.to_bytes()
             if fired:
-                lane.output.send_batch(
+                lane.tp.producer(self.output).send_batch(
                     [json.dumps({"start": s, "end": e, "total": t, "count": c}, separators=(",", ":")).encode()
                      for _, s, e, t, c in fired],
                     keys=[k for k, *_ in fired], event_times=[e - 1 for _, _, e, _, _ in fired], txn=txn)
@@ -458,7 +458,7 @@ class Function:
                     event_times=[m.event_time for m in late], txn=txn)
             if dead:
                 self._dead_letter(lane.tp.producer(self.dead_letter_topic), dead, txn)
-            lane.state_producer.send(snapshot, partition=index, txn=txn)
+            lane.tp.producer(self.state_topic).send(snapshot, partition=index, txn=txn)
             txn.commit()
         except BaseException as e:
             self._failed(txn, e, msgs, lane)
@@ -536,8 +536,6 @@ class Function:
     def _acquire(self, index: int):
         lane = _lanes.acquire(self._broker, self.name, index, self.state_topic, self._new_state,
                               self._txn_timeout)
-        lane.output = lane.tp.producer(self.output)
-        lane.state_producer = lane.tp.producer(self.state_topic)
         self._lanes[index] = lane
         self._m["restores"] += 1
         return lane
