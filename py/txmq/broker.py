@@ -643,6 +643,7 @@ class Broker:
                 try:
                     p.snapshot_txn_buffer(if_changed=True)
                     p.expire_producers()
+                    p.scrub_indexes()
                 except BrokerClosedError:
                     pass
 

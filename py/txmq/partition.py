@@ -180,6 +180,7 @@ class Partition:
         self._txnindex: dict = {}        # segment base -> [(hi, lo, producer id, first, marker)]
         self._txnindex_dirty: set = set()   # segment bases whose .txnindex changed since its fsync
         self._ended_since_snapshot = 0
+        self._scrub_next = -1            # the segment scrub_indexes checked last
         os.makedirs(self.path, exist_ok=True)
         # Readers stop trusting the last opening's readview before recovery
         # cuts a tail or rewrites a .txnindex, and trust this one after.
@@ -319,6 +320,25 @@ class Partition:
                 self._repair_index(seg, f"{problem[0]} entry {problem[1]}: {problem[2]}")
             prev_end = seg.next_offset
 
+    def scrub_indexes(self, limit: int | None = 1) -> int:
+        """Check the indexes of ``limit`` segments (None: all), in turn
+        from where the last call stopped, against every batch they
+        name (:func:`index_problem`), and rebuild a wrong one. The broker
+        runs one segment per partition every few seconds, so a damaged
+        index (what ``txmq check`` calls repairable) is rebuilt without
+        making every open read the whole log. Returns how many it rebuilt."""
+        repaired = 0
+        with self.lock:
+            segs = self._segments
+            for _ in range(len(segs) if limit is None else min(limit, len(segs))):
+                self._scrub_next = (self._scrub_next + 1) % len(segs)
+                seg = segs[self._scrub_next]
+                problem = index_problem(seg, *seg.index_entries())
+                if problem is not None:
+                    self._repair_index(seg, f"{problem[0]} entry {problem[1]}: {problem[2]}")
+                    repaired += 1
+        return repaired
+
     def _repair_index(self, seg: Segment, reason: str) -> None:
         self._report(Dropped(self._file(seg.base_offset, ".index"), 0, f"{reason}; index rebuilt"))
         seg.reindex()
@@ -364,9 +384,10 @@ class Partition:
         """Load the on-disk indexes of a segment known good up to ``size``
         (below ``next_offset``).
 
-        A trusted segment whose indexes fail :func:`index_problem` (what
-        ``txmq check`` calls repairable) is rescanned and its indexes
-        rebuilt; one whose index file ends in a torn entry has them
+        A trusted segment whose indexes fail :func:`index_problem` (order,
+        range, the first and last entries' batches; the background
+        :meth:`scrub_indexes` checks every entry) is rescanned and its
+        indexes rebuilt; one whose index file ends in a torn entry has them
         rewritten. For a ``partial`` adoption (the caller scans the rest
         and rewrites them) a failure returns False and the caller scans
         from byte 0."""
@@ -380,7 +401,8 @@ class Partition:
                 tix = tix[tix["b"] <= limit]
         problem = None if off is not None and tix is not None else "missing"
         if problem is None:
-            found = index_problem(seg, off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
+            found = index_problem(seg, off["a"], off["b"], tix["a"], tix["b"], size, next_offset,
+                                  every_header=False)
             if found is not None:
                 problem = f"{found[0]} entry {found[1]}: {found[2]}"
         if problem is None:
@@ -1249,7 +1271,7 @@ def _torn(path: str) -> bool:
 
 
 def index_problem(seg: Segment, offsets, positions, timestamps, time_offsets, size: int | None = None,
-                  next_offset: int | None = None):
+                  next_offset: int | None = None, every_header: bool = True):
     """The first wrong entry of a segment's offset index (``offsets``,
     ``positions``) or time index (``timestamps``, ``time_offsets``), as
     (".index" or ".timeindex", entry number, reason), or None when every
@@ -1259,13 +1281,16 @@ def index_problem(seg: Segment, offsets, positions, timestamps, time_offsets, si
     publish time), and a time entry's offset is one the offset index
     names (the broker makes both entries of a batch together).
 
-    One predicate for ``Partition.verify``, opening (which rebuilds an
-    index that has a problem) and ``txmq check`` (which calls it
-    repairable). It reads the headers of the named batches through the
-    segment's mapping in one vectorized pass, without their CRCs: it runs
-    on every open, over an entry every ``index_interval_bytes``. The CRC of
-    the batch an entry names is checked when a read first uses the entry
-    (``Segment._idx_entry_ok``), which bypasses an entry that fails it."""
+    One predicate for ``Partition.verify``, ``Partition.scrub_indexes``
+    (which rebuilds an index that has a problem, in the background) and
+    ``txmq check`` (which calls it repairable). It reads the headers of the
+    named batches through the segment's mapping in one vectorized pass,
+    without their CRCs. Opening passes ``every_header=False``: order and
+    range of every entry, the headers of the first and last only, so that
+    opening touches a page or two of a sealed segment, not one every
+    ``index_interval_bytes`` (reopening must not grow with the log). A read
+    checks the batch an entry names before it uses it
+    (``Segment._idx_entry_ok``) and bypasses an entry that fails."""
     size = seg.size if size is None else size
     next_offset = seg.next_offset if next_offset is None else next_offset
     offs, poss = np.asarray(offsets, np.int64), np.asarray(positions, np.int64)
@@ -1279,8 +1304,10 @@ def index_problem(seg: Segment, offsets, positions, timestamps, time_offsets, si
                  | (poss + HEADER_SIZE_BYTES > size))
         wrong[1:] |= (np.diff(offs) <= 0) | (np.diff(poss) <= 0)
         at = np.where(wrong, 0, poss // 8)
+        look = _ends(len(offs), every_header)
         if len(words):
-            wrong |= ((words[at] & _HEAD_MASK) != _HEAD_WORD) | (words[at + _BASE_OFFSET_WORD].view(np.int64) != offs)
+            wrong[look] |= (((words[at[look]] & _HEAD_MASK) != _HEAD_WORD)
+                            | (words[at[look] + _BASE_OFFSET_WORD].view(np.int64) != offs[look]))
         if wrong.any():
             i = int(np.argmax(wrong))
             off, pos = int(offs[i]), int(poss[i])
@@ -1297,7 +1324,9 @@ def index_problem(seg: Segment, offsets, positions, timestamps, time_offsets, si
         if len(offs):
             wrong |= offs[named] != toffs
             if len(words):
-                wrong |= words[np.where(wrong, 0, poss[named] // 8 + _PUBLISH_TIME_WORD)].view(np.int64) != ts
+                look = _ends(len(ts), every_header)
+                at = np.where(wrong, 0, poss[named] // 8 + _PUBLISH_TIME_WORD)
+                wrong[look] |= words[at[look]].view(np.int64) != ts[look]
         else:
             wrong[:] = True
         if wrong.any():
@@ -1311,6 +1340,11 @@ def index_problem(seg: Segment, offsets, positions, timestamps, time_offsets, si
         return None
     finally:
         del words
+
+
+def _ends(n: int, every: bool):
+    """Which of ``n`` index entries :func:`index_problem` reads the header of."""
+    return slice(None) if every or n <= 2 else np.array([0, n - 1])
 
 
 def _monotone(entries) -> bool:

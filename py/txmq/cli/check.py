@@ -321,8 +321,9 @@ class _Checker:
             if problem is not None:
                 suffix, i, reason = problem
                 self.report.problem(stem + suffix, i * INDEX_ENTRY.itemsize,
-                                    f"entry {reason} of {os.path.basename(seg.path)}; opening rebuilds "
-                                    f"the index from the segment", REPAIRABLE)
+                                    f"entry {reason} of {os.path.basename(seg.path)}; the broker rebuilds "
+                                    f"the index from the segment (on open, or in its background index "
+                                    f"check)", REPAIRABLE)
         raw = self._entries(stem + ".txnindex", TXNINDEX_ENTRY.size)
         if raw is not None:
             self._txn_index(stem + ".txnindex", raw, seg, damaged)
