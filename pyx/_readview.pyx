@@ -12,6 +12,7 @@ fence, the closing generation. Readers load them in the opposite order
 from libc.stdint cimport int64_t, uint64_t
 
 import os
+import struct
 import time
 
 from txmq._log import Mapping
@@ -24,15 +25,37 @@ cdef extern from *:
     """
     void txmq_release_fence() nogil
 
+# The layout (docs/FORMAT.md "Read view"), once: the slot's fields chained
+# in C for the writer, and the structs readers unpack it with (txmq.readonly)
+# checked against them at import.
 cdef enum:
     HEAD = 16
-    SLOT = 80
+    F_GEN = 0
+    F_EPOCH = F_GEN + 8
+    F_STATE = F_EPOCH + 8
+    F_START = F_STATE + 8
+    F_END = F_START + 8
+    F_MAX_READ = F_END + 8
+    F_ACTIVE_BASE = F_MAX_READ + 8
+    F_ACTIVE_SIZE = F_ACTIVE_BASE + 8
+    F_ABORTED_VERSION = F_ACTIVE_SIZE + 8
+    GEN_END = F_ABORTED_VERSION + 8
+    SLOT = GEN_END + 8
     SLOTS = 2
     BYTES = HEAD + SLOTS * SLOT
-    GEN_END = SLOT - 8
 
 MAGIC = b"TXRV"
 VERSION = 1
+READVIEW_MAGIC, READVIEW_VERSION = MAGIC, VERSION
+READVIEW_HEAD = struct.Struct("<4sB3xII")           # magic, version, slot bytes, slots
+# generation, epoch, state, log start, log end, maxReadPosition, active
+# segment base and size, aborted-set version, generation again
+READVIEW_SLOT = struct.Struct("<QQQqqqqqQQ")
+READVIEW_SLOTS = SLOTS
+READVIEW_BYTES = BYTES
+READVIEW_GEN_END = GEN_END
+RV_RECOVERING, RV_LIVE, RV_CLOSED = 1, 2, 3          # slot states
+assert READVIEW_HEAD.size == HEAD and READVIEW_SLOT.size == SLOT and READVIEW_BYTES == 176
 
 
 cdef class ReadViewWriter:
@@ -78,16 +101,16 @@ cdef class ReadViewWriter:
         cdef uint64_t g = self.generation + 1
         cdef char *s = self.base + HEAD + (g & 1) * SLOT
         self.generation = g
-        store_u64(s, g)
+        store_u64(s + F_GEN, g)
         txmq_release_fence()
-        store_u64(s + 8, self.epoch)
-        store_u64(s + 16, <uint64_t>state)
-        store_u64(s + 24, <uint64_t>start)
-        store_u64(s + 32, <uint64_t>end)
-        store_u64(s + 40, <uint64_t>max_read_position)
-        store_u64(s + 48, <uint64_t>active_base)
-        store_u64(s + 56, <uint64_t>active_size)
-        store_u64(s + 64, aborted_version)
+        store_u64(s + F_EPOCH, self.epoch)
+        store_u64(s + F_STATE, <uint64_t>state)
+        store_u64(s + F_START, <uint64_t>start)
+        store_u64(s + F_END, <uint64_t>end)
+        store_u64(s + F_MAX_READ, <uint64_t>max_read_position)
+        store_u64(s + F_ACTIVE_BASE, <uint64_t>active_base)
+        store_u64(s + F_ACTIVE_SIZE, <uint64_t>active_size)
+        store_u64(s + F_ABORTED_VERSION, aborted_version)
         txmq_release_fence()
         store_u64(s + GEN_END, g)
 

@@ -46,7 +46,7 @@ import pytest
 import txmq
 import txmq.readonly as readonly
 from txmq.errors import DataDirLockedError, InvalidArgumentError
-from txmq.partition import READVIEW_HEAD, READVIEW_SLOT, RV_LIVE, RV_RECOVERING
+from txmq._readview import READVIEW_HEAD, READVIEW_SLOT, RV_LIVE, RV_RECOVERING
 
 WRITER = Path(__file__).with_name("readonly_writer.py")
 PARTITIONS = (0, 1, 2)

@@ -52,7 +52,7 @@ import numpy as np
 from txmq._log import (FIELD_OFFSETS, FLAG, HEADER_SIZE_BYTES, MAGIC, VERSION, BatchSpec, Segment,
                        SegmentClosedError, crc32c_of)
 from txmq._producers import DUPLICATE, FENCED, OUT_OF_ORDER, ProducerStates
-from txmq._readview import ReadViewWriter
+from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
 from txmq._redolog import sync_dir
 from txmq._txn import AbortSet, OngoingQueue
 from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, MessageTooLargeError,
@@ -111,22 +111,6 @@ TXNINDEX_ENTRY = struct.Struct("<QQqqqI4x")
 assert TXNINDEX_ENTRY.size == 48
 
 DEFAULT_PRODUCER_EXPIRATION_MS = 7 * 24 * 3600 * 1000
-
-# readview: a 16-byte head (magic, version, 3 reserved, slot bytes, slot
-# count) and two 80-byte slots written in turn, generation g into slot g % 2.
-# A slot: generation, epoch (this opening of the partition), state, log start,
-# log end, max_read_position, active segment base, active segment size,
-# aborted-set version, generation again. docs/FORMAT.md has the protocol.
-READVIEW_HEAD = struct.Struct("<4sB3xII")
-READVIEW_SLOT = struct.Struct("<QQQqqqqqQQ")
-READVIEW_MAGIC = b"TXRV"
-READVIEW_VERSION = 1
-READVIEW_SLOTS = 2
-READVIEW_BYTES = READVIEW_HEAD.size + READVIEW_SLOTS * READVIEW_SLOT.size
-READVIEW_GEN_END = READVIEW_SLOT.size - 8       # offset of the closing generation in a slot
-RV_RECOVERING, RV_LIVE, RV_CLOSED = 1, 2, 3     # slot states
-assert READVIEW_HEAD.size == 16 and READVIEW_SLOT.size == 80 and READVIEW_BYTES == 176
-# txmq._readview.ReadViewWriter writes this layout
 
 
 def now_ms() -> int:

@@ -64,11 +64,11 @@ from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentErr
                          TopicNotFoundError)
 from txmq.message import MessageId
 from txmq.subscription import ISOLATIONS
-from txmq.partition import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
-                            READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING,
-                            SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, _load_entries,
-                            _monotone, _parse_txn_tables, _txnindex_entries, _valid_entries, never_delivered,
-                            parse_snapshot, replay_txn_header)
+from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
+                            READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
+from txmq.partition import (SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, _load_entries, _monotone,
+                            _parse_txn_tables, _txnindex_entries, _valid_entries, never_delivered, parse_snapshot,
+                            replay_txn_header)
 from txmq.txn import TxnID
 
 __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
