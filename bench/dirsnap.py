@@ -19,6 +19,8 @@ class DirSnapshot:
         for d, _, files in os.walk(root):
             for f in files:
                 p = os.path.join(d, f)
+                if not os.path.isfile(p):
+                    continue                  # the killed owner's control socket: the next owner replaces it
                 self.sizes[p] = os.path.getsize(p)
                 if not self._segment(p):
                     with open(p, "rb") as fh:
