@@ -43,7 +43,7 @@ from txmq.cli.output import Progress, emit_json, size, wants_progress
 from txmq.cursor import replay as replay_cursor
 from txmq.errors import CorruptLogError
 from txmq.partition import (INDEX_ENTRY, MARKER_FLAGS, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
-                            SEGMENT_FILES, SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION,
+                            SEGMENT_FILES, SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, Dropped,
                             TXNINDEX_ENTRY, _parse_producer_table, _parse_txn_tables, _txnindex_entries,
                             index_problem, parse_recovery_point, parse_snapshot)
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES
@@ -54,14 +54,13 @@ REDO_HEADER_SIZE = len(FILE_HEADER)
 
 
 @dataclass
-class Problem:
-    path: str
-    position: int
-    reason: str
-    kind: str
+class Problem(Dropped):
+    """What is wrong where (a partition's Dropped, with its kind)."""
+
+    kind: str = CORRUPT
 
     def __str__(self) -> str:
-        return f"{self.path} at byte {self.position}: {self.reason} [{self.kind}]"
+        return f"{super().__str__()} [{self.kind}]"
 
 
 class Report:
