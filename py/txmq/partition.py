@@ -725,11 +725,13 @@ class Partition:
         an aborted transaction."""
         return never_delivered(info, self.aborted, skip_aborted)
 
-    def undeliverable(self, start: int, end: int, skip_aborted: bool) -> int:
+    def undeliverable(self, start: int, end: int, skip_aborted: bool, acked=None) -> int:
         """How many offsets in [start, end) are never delivered: markers,
-        and with ``skip_aborted`` (READ_COMMITTED) aborted data. Scans the
-        batch headers of the range; 0 at once for a log that never held a
-        transaction."""
+        and with ``skip_aborted`` (READ_COMMITTED) aborted data; with
+        ``acked`` (an AckSet) only those not in it (a reader passing them
+        acknowledges them, so a cursor's backlog must not subtract them
+        twice). Scans the batch headers of the range; 0 at once for a log
+        that never held a transaction."""
         if not self.txn_seen or end <= start:
             return 0
         n = 0
@@ -740,10 +742,11 @@ class Partition:
                 if info.base_offset >= end:
                     break
                 if self.never_delivered(info, skip_aborted):
-                    n += min(end, info.next_offset) - max(start, info.base_offset)
+                    a, b = max(start, info.base_offset), min(end, info.next_offset)
+                    n += b - a - (acked.count_in(a, b) if acked is not None else 0)
                 seg, pos = self.next_batch(seg, pos)
         except SegmentClosedError:   # retention moved the start: count what is left
-            return self.undeliverable(max(start, self.start_offset), end, skip_aborted)
+            return self.undeliverable(max(start, self.start_offset), end, skip_aborted, acked)
         return n
 
     # -- snapshots: the transaction buffer and the producer table ------------------

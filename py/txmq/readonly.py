@@ -584,8 +584,8 @@ class ReadOnlyDirectory:
                 acked = sum(min(b, limit) - max(a, mark_delete) for a, b in cursor.acked.ranges()
                             if b > mark_delete and a < limit)
                 entry["acked_above_mark_delete"] = acked
-                entry["backlog"] = max(0, _deliverable(view, max(mark_delete, view.log_start), limit, committed)
-                                       - acked)
+                entry["backlog"] = _backlog(view, max(mark_delete, view.log_start), limit, committed,
+                                            cursor.acked)
             out["partitions"][p] = entry
         return out
 
@@ -639,11 +639,15 @@ def _check_isolation(isolation: str) -> None:
         raise InvalidArgumentError("isolation", isolation, " | ".join(ISOLATIONS))
 
 
-def _deliverable(view: PartitionView, start: int, limit: int, committed: bool) -> int:
+def _backlog(view: PartitionView, start: int, limit: int, committed: bool, acked) -> int:
+    """The deliverable offsets in [start, limit) not in ``acked``: a
+    skipped marker or aborted batch is acknowledged as the reader passes
+    it, so it is neither deliverable nor subtracted."""
     n = 0
     for _, _, info in view.batches(start, limit):
         if not view.skipped(info, committed):
-            n += min(limit, info.next_offset) - max(start, info.base_offset)
+            a, b = max(start, info.base_offset), min(limit, info.next_offset)
+            n += b - a - acked.count_in(a, b)
     return n
 
 

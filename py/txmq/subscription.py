@@ -748,7 +748,8 @@ class Subscription:
                     "individually_acked": lane.cursor.acked.count(),
                     "backlog": max(0, limit - md) - lane.cursor.acked.count_in(md, limit)
                                - lane.partition.undeliverable(max(md, lane.read_offset), limit,
-                                                              self.isolation == "read_committed"),
+                                                              self.isolation == "read_committed",
+                                                              lane.cursor.acked),
                     "unacked": lane.outstanding_count(),
                     "pending_redelivery": len(lane.redeliver),
                     "cursor_problems_on_open": list(lane.cursor.problems),
