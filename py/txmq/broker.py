@@ -2,6 +2,7 @@
 
 Layout of a data directory (docs/FORMAT.md has every file's bytes)::
 
+    <data>/txmq.json                              marks a data directory (txmq.datadir)
     <data>/LOCK                                   one writer process (flock)
     <data>/topics/<topic>/topic.json              partitions, retention
     <data>/topics/<topic>/<p>/...                 the partition log
@@ -40,7 +41,7 @@ from txmq.consumer import Consumer
 from txmq._log import crc32c_of
 from txmq._txn import COMMITTED, COMMITTING, OPEN
 from txmq.coordinator import TransactionCoordinator
-from txmq.errors import (BrokerClosedError, DataDirLockedError, InvalidArgumentError,
+from txmq.errors import (BrokerClosedError, DataDirError, DataDirLockedError, InvalidArgumentError,
                          InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
                          SubscriptionBusyError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
@@ -49,6 +50,7 @@ from txmq.message import AbortedTransaction
 from txmq.producer import Producer
 from txmq.producers import ProducerRegistry
 from txmq.scheduler import Scheduler
+from txmq import crashpoints, datadir
 from txmq.files import sync_dir, write_json
 from txmq.half import HalfProducer, HalfStore
 from txmq.ingest import Ingester, clean_staging
@@ -60,10 +62,6 @@ from txmq.txn import TxnID, TxnState
 
 log = logging.getLogger("txmq.broker")
 
-# Every top-level entry of a data directory (the layout above): what txmq
-# check knows and what the demo may replace.
-DATA_DIR_ENTRIES = frozenset({"LOCK", "topics", "subscriptions", "coordinator", "producers.log", "half",
-                              "control.sock", "staging"})
 FSYNC_MODES = ("commit", "always", "never")
 MiB = 1024 * 1024
 TIMEOUT_CHECK_INTERVAL = 0.05     # seconds between transaction timeout checks
@@ -112,7 +110,7 @@ class Broker:
                  transaction_timeout_max: float = 900.0, producer_id_expiration: float = 7 * 24 * 3600.0,
                  half_check_interval: float = 60.0, half_check_immunity: float = 6.0, half_max_checks: int = 15,
                  half_retention: float = 3 * 24 * 3600.0, control_socket: bool = True):
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = datadir.resolve(path)
         self._closed = True
         if fsync not in FSYNC_MODES:
             raise InvalidArgumentError("fsync", fsync, " | ".join(FSYNC_MODES))
@@ -160,9 +158,12 @@ class Broker:
         self._lock = threading.RLock()
         self._topics: dict[str, Topic] = {}
         self._closed = True
-        os.makedirs(self.path, exist_ok=True)
+        self.problems_on_open: list[str] = []
+        unmarked = datadir.prepare(self.path)
         self._lock_fd = _take_lock(self.path)
         try:
+            if unmarked:
+                datadir.mark(self.path, fsync != "never")
             os.makedirs(os.path.join(self.path, "topics"), exist_ok=True)
             os.makedirs(os.path.join(self.path, "subscriptions"), exist_ok=True)
             # Recovery builds many small objects and frees none: the cyclic
@@ -214,29 +215,24 @@ class Broker:
     # -- opening -------------------------------------------------------------
 
     def _recover(self) -> None:
-        topics_dir = os.path.join(self.path, "topics")
-        for name in sorted(os.listdir(topics_dir)):
-            tdir = os.path.join(topics_dir, name)
-            if not os.path.exists(os.path.join(tdir, "topic.json")):
-                # Creation or deletion stopped half way: topic.json is
-                # written first to exist and removed first to be deleted.
-                shutil.rmtree(tdir, ignore_errors=True)
-                shutil.rmtree(os.path.join(self.path, "subscriptions", name), ignore_errors=True)
-                continue
+        names, problems = datadir.clean_topics(self.path, self.fsync != "never")
+        for name in names:
+            tdir = os.path.join(self.path, "topics", name)
             topic = Topic(tdir, name, Topic.load_config(tdir), self._partition_options)
             self._topics[name] = topic
             sdir = os.path.join(self.path, "subscriptions", name)
-            for sub in sorted(os.listdir(sdir)) if os.path.isdir(sdir) else ():
-                meta_path = os.path.join(sdir, sub, "subscription.json")
-                if not os.path.exists(meta_path):
-                    shutil.rmtree(os.path.join(sdir, sub), ignore_errors=True)
-                    continue
-                with open(meta_path) as f:
+            subs, sub_problems = datadir.clean_subscriptions(sdir)
+            problems += sub_problems
+            for sub in subs:
+                with open(os.path.join(sdir, sub, datadir.SUBSCRIPTION_CONFIG)) as f:
                     meta = json.load(f)
                 topic.subscriptions[sub] = Subscription(
                     self, topic, sub, os.path.join(sdir, sub), type=meta["type"],
                     isolation=meta["isolation"], initial_position=meta["initial_position"],
                     ack_timeout=None, nack_delay=1.0)
+        for problem in problems:
+            log.warning("txmq: %s", problem)
+        self.problems_on_open += problems
 
     def _recover_transactions(self) -> None:
         """Open the coordinators and end every unfinished transaction."""
@@ -313,11 +309,17 @@ class Broker:
             if name in self._topics:
                 raise TopicExistsError(name)
             tdir = os.path.join(self.path, "topics", name)
-            shutil.rmtree(tdir, ignore_errors=True)
+            if os.path.lexists(tdir):
+                # Only a create that stopped before topic.json is replaced;
+                # a folder with data was kept on open and stays kept.
+                if not (os.path.isdir(tdir) and datadir.is_unused_topic(tdir)):
+                    raise DataDirError(tdir, datadir.orphan_topic_reason(tdir))
+                shutil.rmtree(tdir)
             os.makedirs(tdir)
             config = {"partitions": partitions, "retention_ms": retention_ms,
                       "retention_bytes": retention_bytes}
             topic = Topic(tdir, name, config, self._partition_options)
+            crashpoints.reached("topic.created_partitions")
             Topic.write_config(tdir, config)
             if self.fsync != "never":
                 for p in topic.partitions:
@@ -348,10 +350,17 @@ class Broker:
             for c in consumers:
                 c.close()
             del self._topics[name]
-            os.unlink(os.path.join(topic.path, "topic.json"))
             topic.close()
-            shutil.rmtree(topic.path, ignore_errors=True)
-            shutil.rmtree(os.path.join(self.path, "subscriptions", name), ignore_errors=True)
+            # Renaming the topic's folder is the delete (opening removes a
+            # renamed folder and the topic's subscriptions with it).
+            sync = self.fsync != "never"
+            gone = [datadir.rename_deleted(topic.path, sync)]
+            crashpoints.reached("topic.delete_renamed")
+            sdir = os.path.join(self.path, "subscriptions", name)
+            if os.path.isdir(sdir):
+                gone.append(datadir.rename_deleted(sdir, sync))
+            for folder in reversed(gone):
+                shutil.rmtree(folder, ignore_errors=True)
 
     # -- producers and consumers --------------------------------------------------
 
@@ -544,7 +553,7 @@ class Broker:
             consumer.close()
             sub.topic.subscriptions.pop(sub.name, None)
             sub.close()
-            shutil.rmtree(sub.path, ignore_errors=True)
+            datadir.remove_renamed(sub.path, self.fsync != "never")
 
     def subscriptions(self, topic: str) -> list:
         """Names of the subscriptions of ``topic``."""
@@ -740,6 +749,7 @@ class Broker:
         return {
             "path": self.path,
             "fsync": self.fsync,
+            "problems_on_open": list(self.problems_on_open),
             "topics": {name: {
                 "partitions": [p.stats() for p in t.partitions],
                 "subscriptions": {s: sub.stats() for s, sub in t.subscriptions.items()},

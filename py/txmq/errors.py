@@ -34,6 +34,21 @@ class DataDirLockedError(TxmqError):
         super().__init__(f"data directory {self.path} is locked by another writer{who}")
 
 
+class DataDirError(TxmqError, ValueError):
+    """A path that is not, and cannot become, a txmq data directory (a
+    file, a folder of other things, a path of the wrong type), or a folder
+    inside one that is not what txmq keeps there.
+
+    Attributes: ``path`` (as given), ``reason``.
+    """
+
+    def __init__(self, path, reason: str):
+        self.path = path
+        self.reason = reason
+        shown = path if isinstance(path, str) and path else repr(path)
+        super().__init__(f"data directory {shown}: {reason}")
+
+
 class BrokerClosedError(TxmqError):
     """An operation was attempted on a closed broker, producer or consumer."""
 

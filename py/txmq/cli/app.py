@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", parents=both,
                        help="verify every file of a data directory without changing it (exit 1 on problems)")
     data_dir(p)
+    p.add_argument("--repair", action="store_true",
+                   help="first restore the topic.json of topic folders that lost it but hold partition data "
+                        "(needs the directory free, else exit 3); then check")
     p.set_defaults(run=check.check)
 
     p = sub.add_parser("bench", parents=both, help="run the benchmarks of bench/ and print their ratios")

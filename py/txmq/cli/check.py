@@ -37,16 +37,19 @@ from txmq import _half, readonly
 from txmq._log import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse
 from txmq._txn import replay_coordinator, replay_pending, replay_registry
-from txmq.broker import DATA_DIR_ENTRIES
+from txmq import datadir
+from txmq.datadir import DATA_DIR_ENTRIES
 from txmq.cli import exits, opening
 from txmq.cli.output import Progress, emit_json, size, wants_progress
 from txmq.cursor import replay as replay_cursor
-from txmq.errors import CorruptLogError
+from txmq._readview import RV_LIVE
+from txmq.errors import CorruptLogError, DataDirError, DataDirLockedError
 from txmq.partition import (INDEX_ENTRY, MARKER_FLAGS, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
                             SEGMENT_FILES, SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, Dropped,
                             TXNINDEX_ENTRY, _parse_producer_table, _parse_txn_tables, _txnindex_entries,
                             index_problem, parse_recovery_point, parse_snapshot)
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES
+from txmq.topic import Topic
 
 CORRUPT = "corrupt"
 REPAIRABLE = "repairable"
@@ -69,6 +72,7 @@ class Report:
         self.notes: list[str] = []
         self.files = 0
         self.bytes = 0
+        self.repaired: list[str] = []
 
     def problem(self, path: str, position: int, reason: str, kind: str = CORRUPT) -> None:
         self.problems.append(Problem(path, int(position), reason, kind))
@@ -77,13 +81,18 @@ class Report:
 def check(args) -> int:
     opening.require_data_dir(args.dir)
     t0 = time.perf_counter()
+    repaired = repair(args.dir) if getattr(args, "repair", False) else []
     report = check_directory(args.dir, wants_progress(args.progress))
+    report.repaired = repaired
     seconds = time.perf_counter() - t0
     if args.json:
         emit_json({"path": args.dir, "ok": not report.problems, "files": report.files,
                    "bytes": report.bytes, "seconds": round(seconds, 3),
-                   "problems": [asdict(p) for p in report.problems], "notes": report.notes})
+                   "problems": [asdict(p) for p in report.problems], "notes": report.notes,
+                   "repaired": report.repaired})
     else:
+        for r in report.repaired:
+            print(f"repair: {r}")
         for p in report.problems:
             print(p)
         for n in report.notes:
@@ -93,18 +102,54 @@ def check(args) -> int:
     return exits.PROBLEMS if report.problems else exits.OK
 
 
+def repair(path: str) -> list:
+    """``txmq check --repair``: restore the ``topic.json`` of every topic
+    folder that lost it but holds partition data (opening keeps such a
+    folder and does not serve it). Takes the directory's lock, so no
+    broker holds it meanwhile. Returns what was done, as sentences."""
+    from txmq.broker import _take_lock
+
+    try:
+        fd = _take_lock(os.path.abspath(path))
+    except DataDirLockedError as e:
+        raise exits.locked_error(e.path, e.holder) from None
+    done = []
+    try:
+        tdir = os.path.join(path, "topics")
+        for name in sorted(os.listdir(tdir)):
+            topic = os.path.join(tdir, name)
+            if (datadir.DELETED in name or not os.path.isdir(topic)
+                    or os.path.exists(os.path.join(topic, datadir.TOPIC_CONFIG)) or datadir.is_unused_topic(topic)):
+                continue
+            try:
+                config = datadir.rebuild_topic_config(topic)
+            except DataDirError as e:
+                done.append(f"{topic}: not restored: {e.reason}")
+                continue
+            Topic.write_config(topic, config)
+            done.append(f"{topic}: restored {datadir.TOPIC_CONFIG} ({config['partitions']} partition(s); "
+                        f"retention: the broker's defaults)")
+    finally:
+        os.close(fd)
+    return done
+
+
 def check_directory(path: str, progress: bool = False) -> Report:
-    """Check every file under ``path``; read-only."""
+    """Check every file under ``path``; read-only. Against a directory a
+    live owner holds, what it is writing now (past the end its read view
+    publishes, and the indexes of its active segments, kept in memory
+    until the segment rolls) is not reported."""
     report = Report()
     holder = readonly.writer_pid(path)
     if holder is not None:
-        report.notes.append(f"process {holder or '(pid not visible)'} holds the directory: what it is writing now may show "
-                            f"as a torn tail")
-    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+        report.notes.append(f"process {holder or '(pid not visible)'} holds the directory: checked up to what it "
+                            f"has published")
+    # Segments are preallocated: count the blocks a file has, not its length.
+    total = sum(_allocated(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
                 if os.path.isfile(os.path.join(d, f)))
     bar = Progress(f"check {path}", total, "B", progress)
     try:
-        checker = _Checker(path, report, bar)
+        checker = _Checker(path, report, bar, live=holder is not None)
         checker.run()
     finally:
         bar.close()
@@ -112,16 +157,19 @@ def check_directory(path: str, progress: bool = False) -> Report:
 
 
 class _Checker:
-    def __init__(self, root: str, report: Report, bar: Progress):
+    def __init__(self, root: str, report: Report, bar: Progress, live: bool = False):
         self.root = root
         self.report = report
         self.bar = bar
+        self.live = live
 
-    def _done(self, path: str) -> None:
-        try:
-            n = os.path.getsize(path)
-        except OSError:
-            n = 0
+    def _done(self, path: str, n: int | None = None) -> None:
+        """Count ``path`` as checked: ``n`` bytes (default its length)."""
+        if n is None:
+            try:
+                n = os.path.getsize(path)
+            except OSError:
+                n = 0
         self.report.files += 1
         self.report.bytes += n
         self.bar.update(n, os.path.relpath(path, self.root))
@@ -130,6 +178,15 @@ class _Checker:
         for name in sorted(os.listdir(self.root)):
             if name not in DATA_DIR_ENTRIES:
                 self.report.notes.append(f"{os.path.join(self.root, name)}: not a file txmq writes; not checked")
+        if os.path.exists(os.path.join(self.root, datadir.MARKER)):
+            try:
+                datadir.read_marker(self.root)
+            except DataDirError as e:
+                self.report.problem(os.path.join(self.root, datadir.MARKER), 0, f"{e.reason}; the broker "
+                                                                               f"refuses the directory")
+        else:
+            self.report.notes.append(f"{os.path.join(self.root, datadir.MARKER)}: missing (a directory of an "
+                                     f"earlier release); the next open writes it")
         topics = {}
         tdir = os.path.join(self.root, "topics")
         for name in sorted(os.listdir(tdir)):
@@ -207,11 +264,28 @@ class _Checker:
 
     def _topic(self, tdir: str):
         meta = os.path.join(tdir, "topic.json")
-        if not os.path.exists(meta):
-            self.report.notes.append(f"{tdir}: no topic.json (a create or delete that stopped half "
-                                     f"way); the next open removes it")
+        if datadir.DELETED in os.path.basename(tdir):
+            self.report.notes.append(f"{tdir}: a topic delete that stopped half way; the next open removes it")
             return None
-        config = self._json(meta)
+        if not os.path.isdir(tdir):
+            self.report.notes.append(f"{tdir}: not a folder; not a topic, not checked")
+            return None
+        if not os.path.exists(meta):
+            if datadir.is_unused_topic(tdir):
+                self.report.notes.append(f"{tdir}: a topic create that stopped before topic.json (no data); "
+                                         f"the next open removes it")
+                return None
+            try:
+                datadir.rebuild_topic_config(tdir)
+            except DataDirError as e:
+                self.report.notes.append(f"{tdir}: not a topic's folder ({e.reason}); kept, not checked")
+                return None
+            self.report.problem(meta, 0, f"missing, and the folder holds partition data: the broker keeps "
+                                         f"it but does not serve the topic; `txmq check --repair "
+                                         f"{self.root}` restores it", REPAIRABLE)
+            config = datadir.rebuild_topic_config(tdir)
+        else:
+            config = self._json(meta)
         if config is None:
             return None
         n = config.get("partitions")
@@ -262,21 +336,24 @@ class _Checker:
         segments = {}                   # base -> (size, next_offset, damaged)
         point = self._recovery_point(pdir, bases)
         prev_end = None
+        active = self._active_segment(pdir)
         for i, base in enumerate(bases):
             path = os.path.join(pdir, f"{base:020d}{SEGMENT_SUFFIX}")
             seg = Segment(path, base, 0, False)
             try:
-                self._done(path)
                 if prev_end is not None and base != prev_end:
                     self.report.problem(path, 0, f"segment starts at offset {base}, the previous one "
                                                  f"ends at {prev_end}: offsets are not dense")
                 bad = seg.recover(0, base)
+                if bad is not None and active is not None and active[0] == base and bad[0] >= active[1]:
+                    bad = None          # past what the owner has published: being written now
+                self._done(path, seg.size)
                 if bad is not None:
                     later = len(bases) - i - 1
                     self.report.problem(path, bad[0], f"{bad[1]}; opening cuts the log here"
                                         + (f" and drops the {later} later segment(s)" if later else ""))
                 segments[base] = (seg.size, seg.next_offset, bad is not None)
-                self._indexes(pdir, seg, bad is not None)
+                self._indexes(pdir, seg, bad is not None, active is not None and active[0] == base)
                 if point is not None and point[0] == base:
                     self._recovery_point_in(pdir, point, seg, bad is not None)
                 prev_end = seg.next_offset
@@ -291,11 +368,27 @@ class _Checker:
         self._snapshot(os.path.join(pdir, "producers.snap"), PRODUCERS_MAGIC, PRODUCERS_VERSION,
                        PRODUCERS_HEAD, _parse_producer_table, start, end)
 
-    def _entries(self, path: str, entry_size: int):
+    def _active_segment(self, pdir: str):
+        """(base, published size) of the segment a live owner is appending
+        to, from the partition's read view; None when no owner is live."""
+        if not self.live:
+            return None
+        try:
+            with open(os.path.join(pdir, "readview"), "rb") as f:
+                rv = readonly.read_readview(f.read())
+        except OSError:
+            return None
+        if rv is None or rv.state != RV_LIVE:
+            return None
+        return rv.active_base, rv.active_size
+
+    def _entries(self, path: str, entry_size: int, written_later: bool = False):
         """The whole entries of an index-like file, or None when it is
-        missing (reported); a torn last entry is reported."""
+        missing (reported, unless ``written_later``: the live owner's
+        active segment); a torn last entry is reported."""
         if not os.path.exists(path):
-            self.report.problem(path, 0, "missing; rebuilt from the segment on the next open", REPAIRABLE)
+            if not written_later:
+                self.report.problem(path, 0, "missing; rebuilt from the segment on the next open", REPAIRABLE)
             return None
         self._done(path)
         with open(path, "rb") as f:
@@ -306,10 +399,10 @@ class _Checker:
                                 REPAIRABLE)
         return raw[:whole]
 
-    def _indexes(self, pdir: str, seg: Segment, damaged: bool) -> None:
+    def _indexes(self, pdir: str, seg: Segment, damaged: bool, active: bool = False) -> None:
         stem = os.path.join(pdir, f"{seg.base_offset:020d}")
-        raw = self._entries(stem + ".index", INDEX_ENTRY.itemsize)
-        traw = self._entries(stem + ".timeindex", INDEX_ENTRY.itemsize)
+        raw = self._entries(stem + ".index", INDEX_ENTRY.itemsize, active)
+        traw = self._entries(stem + ".timeindex", INDEX_ENTRY.itemsize, active)
         if raw is not None and traw is not None:       # else opening rebuilds both
             off, tix = np.frombuffer(raw, INDEX_ENTRY), np.frombuffer(traw, INDEX_ENTRY)
             if damaged:
@@ -472,6 +565,15 @@ class _Checker:
         if bad is not None:
             self.report.problem(path, bad[0], f"{bad[1]}; the broker refuses the file")
         return frames
+
+
+def _allocated(path: str) -> int:
+    """The bytes a file has on disk (at most its length)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    return min(st.st_size, st.st_blocks * 512)
 
 
 def _replayed(replay, what: str):

@@ -27,7 +27,7 @@ import sys
 import time
 
 import txmq
-from txmq.broker import DATA_DIR_ENTRIES
+from txmq.datadir import DATA_DIR_ENTRIES
 from txmq.cli import demo_bank, demo_spark, demo_windows, exits, output
 from txmq.cli.demo_worker import run_and_kill
 

@@ -54,7 +54,7 @@ _INPUT_ERRORS = (
     errors.SubscriptionNotFoundError, errors.InvalidTopicNameError,
     errors.InvalidSubscriptionNameError, errors.InvalidArgumentError, errors.InvalidMessageError,
     errors.MessageTooLargeError, errors.TransactionNotFoundError, errors.InvalidTxnTimeoutError,
-    errors.IsolationLevelMismatchError, errors.SubscriptionTypeError,
+    errors.IsolationLevelMismatchError, errors.SubscriptionTypeError, errors.DataDirError,
 )
 
 
