@@ -268,14 +268,24 @@ def transactions_describe(args) -> int:
 
 def transactions_abort(args) -> int:
     txn_id = parse_txn_id(args.txn)
+    # Opening as owner ends every transaction the previous owner left
+    # unfinished: one left OPEN (or ABORTING) is aborted by that, which is
+    # what was asked; one COMMITTING is committed, which is not.
+    with opening.open_for_reading(args.dir, args.progress) as view:
+        left = {t["id"]: t["state"] for t in view.transactions()}
     with opening.open_for_writing(args.dir, args.progress) as broker:
-        _live(broker.transactions(), txn_id, "; opening a directory as its owner ends every transaction "
-                                             "its previous owner left open")
-        broker.abort_transaction(txn_id)
+        if any(t["id"] == str(txn_id) for t in broker.transactions()):
+            broker.abort_transaction(txn_id)
+            how = "aborted"
+        elif left.get(str(txn_id)) in ("OPEN", "ABORTING"):
+            how = "aborted on open (its owner had stopped)"
+        else:
+            _live(broker.transactions(), txn_id, "" if str(txn_id) not in left else
+                  f"; it was {left[str(txn_id)]} when its owner stopped, so opening the directory completed it")
     if args.json:
-        emit_json({"aborted": str(txn_id)})
+        emit_json({"aborted": str(txn_id), "how": how})
     else:
-        print(f"aborted transaction {txn_id}: its messages are dropped and its acks undone")
+        print(f"{how} transaction {txn_id}: its messages are dropped and its acks undone")
     return exits.OK
 
 

@@ -7,6 +7,8 @@ import argparse
 import os
 import sys
 
+import txmq
+
 from txmq.cli import admin, bench, check, consume, exits, produce
 from txmq.cli.demo import demo
 from txmq.cli.demo import MIN_SIZE as demo_min_size
@@ -63,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="txmq", description="txmq: an embedded transactional message broker. "
                                  "Every command is documented in docs/CLI.md.",
         epilog=exits.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"txmq {txmq.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     both = [progress, as_json]
 

@@ -46,7 +46,7 @@ def open_for_reading(path: str, progress=None) -> DirectoryView:
 def open_for_writing(path: str, progress=None, create: bool = False) -> txmq.Broker:
     """The data directory at ``path``, to change; ``create`` makes a new one
     when ``path`` does not exist."""
-    if not (create and not os.path.exists(path)):
+    if not (create and (not os.path.exists(path) or (os.path.isdir(path) and not os.listdir(path)))):
         require_data_dir(path)
     # Opening recovers the directory (scans segment tails, replays logs):
     # on a large directory that takes a while, so show that it is working.

@@ -65,13 +65,15 @@ def produce(args) -> int:
                 sent += batch.send(producer, txn, partitions)
             if txn is not None:
                 txn.commit()
-        except (exits.CliError, TxmqError) as e:
+        except (exits.CliError, TxmqError, KeyboardInterrupt) as e:
             if txn is not None:
                 _abort_quietly(txn)
                 note = "nothing was produced: the transaction was aborted"
             else:
                 note = (f"{sent:,} message(s) before line {line_no} were produced; "
                         f"use --transactional for all or nothing")
+            if isinstance(e, KeyboardInterrupt):
+                raise exits.CliError(f"interrupted ({note})", exits.INTERRUPTED) from None
             err = e if isinstance(e, exits.CliError) else exits.from_broker_error(e)
             raise exits.CliError(f"{err} ({note})", err.code) from None
         except BaseException:
