@@ -236,3 +236,37 @@ sys.stdin.read()
     finally:
         proc.stdin.close()
         proc.wait(60)
+
+
+def test_the_lock_cannot_be_stolen_by_deleting_or_replacing_LOCK(tmp_path):
+    d = tmp_path / "d"
+    code = f"""
+import sys, txmq
+b = txmq.Broker({str(d)!r}, fsync="never", control_socket=False)
+b.create_topic("t")
+b.producer("t").send(b"x")
+print("READY", flush=True)
+sys.stdin.read()
+b.producer("t").send(b"y")
+b.close()
+print("CLOSED", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        (d / "LOCK").unlink()
+        assert txmq.readonly.writer_pid(d) == proc.pid
+        with pytest.raises(txmq.errors.DataDirLockedError):
+            txmq.Broker(d, **FAST)
+        (d / "LOCK").write_text("")                  # a fresh file in its place
+        with pytest.raises(txmq.errors.DataDirLockedError):
+            txmq.Broker(d, **FAST)
+        r = txmq_cli("topics", "create", str(d), "u")
+        assert r.returncode == 3, r.stderr
+        proc.stdin.close()
+        assert proc.stdout.readline().strip() == "CLOSED"
+    finally:
+        proc.kill()
+        proc.wait(30)
+    with txmq.Broker(d, **FAST) as b:
+        assert b.high_watermark("t", 0) == 2 and b.topics() == ["t"]

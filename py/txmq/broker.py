@@ -27,7 +27,6 @@ open by then).
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import itertools
 import json
@@ -160,7 +159,7 @@ class Broker:
         self._closed = True
         self.problems_on_open: list[str] = []
         unmarked = datadir.prepare(self.path)
-        self._lock_fd = _take_lock(self.path)
+        self._dir_lock = datadir.DirLock(self.path)
         try:
             if unmarked:
                 datadir.mark(self.path, fsync != "never")
@@ -194,7 +193,7 @@ class Broker:
                 self._producer_ids.close()
             if self._half is not None:
                 self._half.close()
-            os.close(self._lock_fd)
+            self._dir_lock.release()
             raise
         self._closed = False
         self._scheduler = Scheduler()
@@ -790,7 +789,7 @@ class Broker:
         for tc in self._coordinators:
             tc.close()
         self._producer_ids.close()
-        os.close(self._lock_fd)
+        self._dir_lock.release()
 
     @property
     def closed(self) -> bool:
@@ -828,16 +827,3 @@ def _txn_info(meta) -> dict:
         "partitions": sorted(f"{t}/{p}" for t, p in meta.partitions),
         "subscriptions": sorted(f"{t}/{s}" for t, s in meta.subscriptions),
     }
-
-
-def _take_lock(path: str) -> int:
-    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or None
-        os.close(fd)
-        raise DataDirLockedError(path, holder and f"pid {holder}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd

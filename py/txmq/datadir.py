@@ -32,12 +32,13 @@ broker does not serve it, says so in ``stats()["problems_on_open"]``, and
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import time
 
-from txmq.errors import DataDirError
+from txmq.errors import DataDirError, DataDirLockedError
 from txmq.files import sync_dir, write_json
 
 MARKER = "txmq.json"
@@ -127,6 +128,62 @@ def mark(path: str, fsync: bool) -> None:
     """Write the marker (the lock is held)."""
     write_json(os.path.join(path, MARKER), {"format": MARKER_FORMAT, "created_ms": time.time_ns() // 1_000_000},
                sync_parent=fsync)
+
+
+# -- the one-writer lock ----------------------------------------------------------------------
+
+LOCK = "LOCK"
+
+
+class DirLock:
+    """The lock that makes one process a data directory's owner: an
+    ``flock`` on the directory itself, which nothing done inside it can
+    delete, rename or replace (deleting ``LOCK`` under a running owner
+    must not let a second writer in), and one on ``<data>/LOCK``, which
+    holds the owner's pid for others to name and is what earlier releases
+    lock. Raises :class:`DataDirLockedError` when another process holds
+    either."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fds: list[int] = []
+        try:
+            self._take(os.open(path, os.O_RDONLY | os.O_DIRECTORY))
+            fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+            self._take(fd)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except BaseException:
+            self.release()
+            raise
+
+    def _take(self, fd: int) -> None:
+        self._fds.append(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _lock_pid(self.path)
+            raise DataDirLockedError(self.path, pid and f"pid {pid}") from None
+
+    def release(self) -> None:
+        """Give the directory up (closing the descriptors drops the locks)."""
+        while self._fds:
+            os.close(self._fds.pop())
+
+
+def _lock_pid(path: str) -> str | None:
+    try:
+        with open(os.path.join(path, LOCK), "rb") as f:
+            return f.read(64).decode(errors="replace").strip() or None
+    except OSError:
+        return None
+
+
+def lock_files(path: str) -> list:
+    """What an owner of ``path`` flocks: the directory, then ``LOCK``
+    (for :func:`txmq.readonly.writer_pid`, which finds their holder
+    without taking the lock)."""
+    return [path, os.path.join(path, LOCK)]
 
 
 # -- what opening may remove ---------------------------------------------------------------

@@ -60,6 +60,7 @@ from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQ
                        replay_pending)
 from txmq.batcharrow import batch_arrays
 from txmq.cursor import replay as replay_cursor
+from txmq.datadir import lock_files
 from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentError, PartitionNotFoundError,
                          TopicNotFoundError)
 from txmq.message import MessageId
@@ -130,25 +131,30 @@ def read_readview(buf) -> ReadView | None:
 
 
 def writer_pid(path) -> int | None:
-    """The pid of the process holding ``<path>/LOCK`` (0 when one holds it
-    but its pid is not visible here), or None when none does. Never takes
-    the lock: a failed try would make a starting writer fail."""
-    lock = os.path.join(os.fspath(path), "LOCK")
-    try:
-        st = os.stat(lock)
-    except FileNotFoundError:
+    """The pid of the process that owns the data directory at ``path``
+    (holds the flock on the directory or on its ``LOCK``, see
+    :class:`txmq.datadir.DirLock`; 0 when one does but its pid is not
+    visible here), or None when none does. Never takes the lock: a failed
+    try would make a starting writer fail."""
+    ids = set()
+    for name in lock_files(os.fspath(path)):
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            continue
+        ids.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    if not ids:
         return None
     try:
         with builtin_open("/proc/locks") as f:
             lines = f.read().splitlines()
     except OSError:
-        return _pid_alive(lock)
-    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        return _pid_alive(os.path.join(os.fspath(path), "LOCK"))
     for line in lines:
         parts = line.split()
         if "->" in parts or len(parts) < 6 or parts[1] != "FLOCK":
             continue      # "->": a waiter, not a holder
-        if parts[5] == dev:
+        if parts[5] in ids:
             return int(parts[4]) if parts[4].isdigit() else 0
     return None
 

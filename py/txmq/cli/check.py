@@ -107,10 +107,8 @@ def repair(path: str) -> list:
     folder that lost it but holds partition data (opening keeps such a
     folder and does not serve it). Takes the directory's lock, so no
     broker holds it meanwhile. Returns what was done, as sentences."""
-    from txmq.broker import _take_lock
-
     try:
-        fd = _take_lock(os.path.abspath(path))
+        lock = datadir.DirLock(os.path.abspath(path))
     except DataDirLockedError as e:
         raise exits.locked_error(e.path, e.holder) from None
     done = []
@@ -130,7 +128,7 @@ def repair(path: str) -> list:
             done.append(f"{topic}: restored {datadir.TOPIC_CONFIG} ({config['partitions']} partition(s); "
                         f"retention: the broker's defaults)")
     finally:
-        os.close(fd)
+        lock.release()
     return done
 
 
