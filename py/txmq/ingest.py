@@ -12,7 +12,7 @@ transaction** and to delete the job's staging directory, every other
 attempt with it. Staged files never become visible any other way.
 
 A commit may carry a ``sink`` key and a batch id (a streaming query's
-checkpoint and micro-batch): the last committed batch id of each sink is
+persistent id and micro-batch): the last committed batch id of each sink is
 recorded in the topic ``txmq.sinks`` in the same transaction, and a batch
 id at or below it is not appended again, so a micro-batch replayed after a
 crash commits once.
