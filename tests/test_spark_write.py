@@ -319,3 +319,60 @@ def test_streaming_sink_takes_the_session_checkpoint_location(spark, tmp_path): 
         spark.conf.unset("spark.sql.streaming.checkpointLocation")
     assert again.id == first.id
     assert _out_counts(path) == {**{b"v%d" % i: 1 for i in range(40)}, **{b"w%d" % i: 1 for i in range(5)}}
+
+
+def test_topic_option_overrides_the_topic_column(spark, tmp_path):  # noqa: F811
+    """A DataFrame read from txmq (its topic column says ``src``) writes to
+    the topic the option names, as Spark's Kafka sink does (the partition
+    column is kept, as there)."""
+    path = str(tmp_path / "d")
+    with txmq.Broker(path) as b:
+        b.create_topic("src", 2)
+        b.create_topic("dst", 2)
+    _send(path, "src", [b"v%d" % i for i in range(20)])
+    df = spark.read.format("txmq").option("path", path).option("subscribe", "src").load()
+    df.write.format("txmq").option("path", path).option("topic", "dst").mode("append").save()
+    assert (sorted((m.message_id.partition, m.value) for m in values_in(path, "dst"))
+            == sorted((m.message_id.partition, m.value) for m in values_in(path, "src")))
+
+
+@pytest.mark.parametrize("column, sql, expected", [
+    ("value", "cast(id as int) as value", "value column.*int.*binary or string"),
+    ("key", "array(1) as key", "key column.*array<int>.*binary or string"),
+    ("headers", "map('h', cast('x' as binary)) as headers", "headers column.*map<string,binary>"),
+    ("headers", "array(named_struct('key', 1, 'value', cast('x' as binary))) as headers",
+     "headers column.*array<struct<key:int,value:binary>>"),
+    ("partition", "'0' as partition", "partition column.*string.*int"),
+    ("topic", "1 as topic", "topic column.*int.*string"),
+])
+def test_column_types_are_refused_before_any_task_runs(spark, tmp_path, column, sql, expected):  # noqa: F811
+    """Every column of the wrong type is refused when the writer is made,
+    with a typed error naming the column — not in tasks (retried
+    spark.task.maxFailures times) nor converted silently."""
+    from pyspark_txmq import DefaultSource
+    path = str(tmp_path / "d")
+    with txmq.Broker(path) as b:
+        b.create_topic("out", 1)
+    exprs = [sql] + ([] if column == "value" else ["cast(id as string) as value"])
+    df = spark.range(3).selectExpr(*exprs)
+    source = DefaultSource({"path": path, "topic": "out"})
+    with pytest.raises(txmq.errors.InvalidArgumentError, match=expected):
+        source.writer(df.schema, False)
+    with pytest.raises(txmq.errors.InvalidArgumentError, match=expected):
+        source.streamWriter(df.schema, False)
+    with pytest.raises(Exception, match=expected) as e:
+        df.write.format("txmq").option("path", path).option("topic", "out").mode("append").save()
+    assert "stage failure" not in str(e.value)          # refused in planning, no task ran
+    assert values_in(path, "out", "read_uncommitted") == []
+
+
+def test_unknown_sink_options_are_refused(spark, tmp_path):  # noqa: F811
+    path = str(tmp_path / "d")
+    with txmq.Broker(path) as b:
+        b.create_topic("out", 1)
+    df = spark.range(3).selectExpr("cast(id as string) as value")
+    with pytest.raises(Exception, match="invalid option 'topik'"):
+        df.write.format("txmq").option("path", path).option("topic", "out").option("topik", "x").mode("append").save()
+    with pytest.raises(Exception, match="invalid option 'kafka.bootstrap.servers'"):
+        (df.write.format("txmq").option("path", path).option("topic", "out")
+         .option("kafka.bootstrap.servers", "h:9092").mode("append").save())
