@@ -376,3 +376,64 @@ def test_unknown_sink_options_are_refused(spark, tmp_path):  # noqa: F811
     with pytest.raises(Exception, match="invalid option 'kafka.bootstrap.servers'"):
         (df.write.format("txmq").option("path", path).option("topic", "out")
          .option("kafka.bootstrap.servers", "h:9092").mode("append").save())
+
+
+BATCH_DRIVER = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from spark_fixtures import build_session
+path, n = sys.argv[1], int(sys.argv[2])
+spark = build_session("txmq-batch-kill")
+spark.sparkContext.setLogLevel("OFF")
+df = spark.range(0, n, numPartitions=3).selectExpr("cast(id as string) as value")
+df.write.format("txmq").option("path", path).option("topic", "out").mode("append").save()
+print("WRITTEN", flush=True)
+"""
+
+
+@pytest.mark.parametrize("point", ["ingest.appended", pytest.param("ingest.committed", marks=pytest.mark.slow)])
+def test_driver_killed_during_a_batch_write_commit(tmp_path, point):
+    """The commit of a batch write (no owner: the commit process opens the
+    directory) is SIGKILLed at ``point`` — its transaction appended, or
+    committed — and the driver with it (its whole process group) at once.
+    Nothing is doubled and nothing half-visible: before the commit point
+    nothing of the job is visible and running the job again writes each
+    row once; after it, each row is there once and the job's leftover
+    staging is never ingested."""
+    from txmq.readonly import writer_pid
+    path = str(tmp_path / "d")
+    n = 3000
+    with txmq.Broker(path) as b:
+        b.create_topic("out", 2)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TXMQ_CRASH_AT=point)
+    tests_dir = os.path.dirname(__file__)
+    driver = subprocess.Popen([sys.executable, "-c", BATCH_DRIVER, path, str(n), tests_dir],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                              start_new_session=True)
+    try:
+        seen = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and driver.poll() is None:
+            holder = writer_pid(path)
+            if holder:
+                seen = holder                  # the commit process holds the directory
+            elif seen is not None:
+                break                          # ... and was killed at the crash point
+            time.sleep(0.002)
+        assert seen is not None, "the commit never opened the directory"
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver: its Python process and its JVM
+        driver.wait(30)
+    assert "WRITTEN" not in driver.stdout.read()
+    got = sorted(int(m.value) for m in values_in(path, "out"))
+    if point == "ingest.appended":
+        assert got == []                       # the open transaction never commits
+        rerun = subprocess.run([sys.executable, "-c", BATCH_DRIVER, path, str(n), tests_dir],
+                               capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        assert "WRITTEN" in rerun.stdout, rerun.stderr[-3000:]
+        got = sorted(int(m.value) for m in values_in(path, "out"))
+    assert got == list(range(n))
+    with txmq.Broker(path) as b:           # an owner again: leftovers are never ingested
+        b.enforce_retention()
+    assert sorted(int(m.value) for m in values_in(path, "out")) == list(range(n))
