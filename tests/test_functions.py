@@ -211,6 +211,73 @@ def test_dead_letter_after_max_redeliveries(broker, windowed):
         assert sorted(int(x.value) for x in out) == [i for i in range(30) if i != 12]
 
 
+@pytest.mark.parametrize("windowed", [False, True])
+def test_transient_error_on_the_first_call_is_retried_max_redeliveries_times(broker, windowed):
+    """A message in the very first batch of a fresh instance (a windowed
+    function's lane that never had an owner) is first seen with
+    redelivery_count 0, so a transient error gets max_redeliveries retries:
+    failing twice with max_redeliveries=2, it is processed on the third
+    call and dead-lettered nowhere."""
+    broker.create_topic("in", 1)
+    p = broker.producer("in")
+    for i in range(6):
+        p.send(b"%d" % i, key=b"k", event_time=i * 10)
+    p.send(b"1", key=b"k", event_time=500)             # closes the window [0, 50)
+    calls = collections.Counter()
+    seen = []
+
+    def fn(m):
+        if m.value == b"2":
+            seen.append(m.redelivery_count)
+            calls[m.value] += 1
+            if calls[m.value] <= 2:
+                raise ConnectionError("transient")
+        return int(m.value) if windowed else m.value
+
+    kw = dict(window=Tumbling(50)) if windowed else {}
+    with Function(broker, "f", "in", "out", fn, max_redeliveries=2, batch_size=8, retry_backoff=0, **kw) as f:
+        f.run(idle_timeout=0.2)
+        m = f.metrics()
+    assert seen == [0, 1, 2]
+    assert read_all(broker, "f-dlq") == [] and m["dead_lettered"] == 0 and m["failures"] == 2
+    out = read_all(broker, "out")
+    if windowed:
+        assert totals_of(out)[(b"k", 0)] == (50, sum(range(5)), 5)
+    else:
+        assert sorted(x.value for x in out) == sorted([b"%d" % i for i in range(6)] + [b"1"])
+
+
+def test_late_event_sent_to_late_topic_once_across_an_aborted_step(broker):
+    """A late event goes to ``late_topic`` in its step's transaction: when
+    that step aborts (the function fails on another message of it) and is
+    retried, the late event is there exactly once, with its origin."""
+    broker.create_topic("in", 1)
+    p = broker.producer("in")
+    for t in (5, 260):
+        p.send(b"1", key=b"k", event_time=t)           # watermark 260: [0, 100) closed with lateness 50
+    p.send(b"7", key=b"k", event_time=40)              # late, offset 2
+    p.send(b"boom", key=b"k", event_time=270)          # fails the step once
+    p.send(b"1", key=b"k", event_time=900)
+    failed = []
+
+    def fn(m):
+        if m.value == b"boom":
+            if not failed:
+                failed.append(m.redelivery_count)
+                raise ConnectionError("transient")
+            return 1
+        return int(m.value)
+
+    with Function(broker, "w", "in", "out", fn, window=Tumbling(100), allowed_lateness_ms=50, late_topic="late",
+                  batch_size=10, retry_backoff=0) as f:
+        f.run(idle_timeout=0.2)
+        m = f.metrics()
+    late = read_all(broker, "late")
+    assert [(x.value, x.event_time, dict(x.headers)["txmq-origin"]) for x in late] == [(b"7", 40, b"in/0@2")]
+    assert failed == [0] and m["late"] == 1 and m["aborted"] == 1
+    assert totals_of(read_all(broker, "out"))[(b"k", 200)] == (300, 2, 2)
+
+
 # -- windows -----------------------------------------------------------------------------
 
 def test_window_starts():

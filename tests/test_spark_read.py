@@ -74,7 +74,7 @@ class Workload:
         mids = producer.send_batch(values, keys=keys, headers=headers, event_times=times, partition=partition,
                                    txn=txn)
         for i, mid in enumerate(mids):
-            h = None
+            h = ()
             if headers is not None and headers[i]:
                 h = tuple((k, bytes(v)) for k, v in (headers[i].items() if isinstance(headers[i], dict)
                                                     else headers[i]))
@@ -216,6 +216,20 @@ BAD_OPTIONS = [
     ({"path": "/d", "subscribe": "t", "includeHeaders": "yes"}, False, "includeHeaders 'yes'"),
     ({"path": "/d", "subscribe": "t", "failOnDataLoss": "maybe"}, False, "failOnDataLoss 'maybe'"),
     ({"path": "/d", "subscribePattern": "("}, False, "subscribePattern"),
+    # every option the source does not know is refused by name (typos, Kafka-only options)
+    ({"path": "/d", "subscribe": "t", "startingOffset": "earliest"}, False, "invalid option 'startingOffset'"),
+    ({"path": "/d", "subscribe": "t", "kafka.bootstrap.servers": "h:9092"}, True,
+     "invalid option 'kafka.bootstrap.servers'"),
+    ({"path": "/d", "subscribe": "t", "groupIdPrefix": "g"}, True, "invalid option 'groupIdPrefix'"),
+    ({"path": "/d", "subscribe": "t", "maxOffsetsPerTrigger": "5"}, False, "maxOffsetsPerTrigger '5'"),
+    ({"path": "/d", "subscribe": "t", "endingTimestamp": "5"}, True, "endingTimestamp '5'"),
+    ({"path": "/d", "subscribe": "t", "startingTimestamp": "soon"}, False, "startingTimestamp 'soon'"),
+    ({"path": "/d", "subscribe": "t", "startingTimestamp": "-4"}, True, "startingTimestamp '-4'"),
+    ({"path": "/d", "subscribe": "t", "startingOffsetsByTimestamp": '{"t": {"0": "x"}}'}, False,
+     "startingOffsetsByTimestamp"),
+    ({"path": "/d", "subscribe": "t", "endingOffsetsByTimestamp": '{"u": {"0": 5}}'}, False, "not u/0"),
+    ({"path": "/d", "subscribe": "t", "startingOffsetsByTimestampStrategy": "closest"}, False,
+     "startingOffsetsByTimestampStrategy 'closest'"),
     ({"path": "/d", "assign": '{"t": [-1]}'}, False, "assign"),
 ]
 
@@ -417,3 +431,107 @@ def test_stream_over_a_live_writer_is_a_committed_prefix(spark, tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+def _published(data, topic) -> list:
+    """(partition, offset, publish_time) of every committed message."""
+    with readonly.open(data) as d:
+        return sorted((p, m.message_id.offset, m.publish_time) for p in d.partitions(topic)
+                      for m in d.read(topic, p, 0))
+
+
+def _times_workload(data) -> list:
+    """Topic ``t`` of 2 partitions: 4 rounds of 5 messages per partition, a
+    few ms apart, so each round has its own publish time."""
+    with txmq.Broker(data, fsync="never") as broker:
+        broker.create_topic("t", 2)
+        producer = broker.producer("t")
+        for r in range(4):
+            for p in range(2):
+                producer.send_batch([b"r%d-p%d-%d" % (r, p, i) for i in range(5)], partition=p)
+            time.sleep(0.02)
+    return _published(data, "t")
+
+
+def test_timestamps_choose_offsets_from_the_time_index(spark, tmp_path):
+    """startingTimestamp, startingOffsetsByTimestamp, endingTimestamp and
+    endingOffsetsByTimestamp read from the first offset published at or
+    after the time (Kafka's offsetsForTimes), and take precedence over
+    startingOffsets / endingOffsets."""
+    data = tmp_path / "data"
+    published = _times_workload(data)
+    at = {(p, off): t for p, off, t in published}
+    t2 = at[(0, 10)]                 # round 2 of partition 0
+    t3 = at[(1, 15)]                 # round 3 of partition 1
+
+    def got(**options):
+        return sorted((r.partition, r.offset) for r in load(spark, data, subscribe="t", **options).collect())
+
+    def want(lo, hi=None, per_lo=None):
+        return sorted((p, off) for p, off, t in published
+                      if t >= (per_lo[p] if per_lo else lo) and (hi is None or t < hi))
+
+    assert len(want(t2)) == 20                    # half of it: the filter is not trivial
+    assert got(startingTimestamp=str(t2)) == want(t2)
+    assert got(startingTimestamp=str(t2), startingOffsets='{"t": {"0": 0, "1": 0}}') == want(t2)
+    assert got(endingTimestamp=str(t3)) == want(0, t3)
+    assert got(startingTimestamp=str(t2), endingTimestamp=str(t3)) == want(t2, t3)
+    per = {0: at[(0, 5)], 1: at[(1, 15)]}
+    assert got(startingOffsetsByTimestamp=json.dumps({"t": {"0": per[0], "1": per[1]}})) == want(0, per_lo=per)
+    assert got(endingOffsetsByTimestamp=json.dumps({"t": {"0": t2, "1": t3}})) == sorted(
+        (p, off) for p, off, t in published if t < (t2 if p == 0 else t3))
+    last = max(t for *_, t in published)
+    # Past the last message: an end is the latest; a start fails, or with
+    # startingOffsetsByTimestampStrategy=latest starts at the end.
+    assert got(endingTimestamp=str(last + 10_000)) == want(0)
+    assert got(startingTimestamp=str(last + 10_000), startingOffsetsByTimestampStrategy="latest") == []
+    with pytest.raises(Exception, match=f"invalid startingTimestamp {last + 10_000}"):
+        got(startingTimestamp=str(last + 10_000))
+    with pytest.raises(Exception, match="startingOffsetsByTimestamp.*none for t/1"):
+        got(startingOffsetsByTimestamp=json.dumps({"t": {"0": t2}}))
+
+
+def test_streaming_starts_at_a_timestamp(spark, tmp_path):
+    data = tmp_path / "data"
+    published = _times_workload(data)
+    t2 = {(p, off): t for p, off, t in published}[(1, 10)]
+    q = (spark.readStream.format("txmq").option("path", str(data)).option("subscribe", "t")
+         .option("startingTimestamp", str(t2)).load()
+         .writeStream.format("memory").queryName("from_time").trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    got = sorted((r.partition, r.offset) for r in spark.table("from_time").collect())
+    assert got == sorted((p, off) for p, off, t in published if t >= t2)
+
+
+def test_starting_offsets_past_the_end_fail_the_read(spark, tmp_path):
+    """As Spark's Kafka source with failOnDataLoss: a start past a
+    partition's log end is no offset at all."""
+    data = tmp_path / "data"
+    with txmq.Broker(data, fsync="never") as broker:
+        broker.create_topic("t", 1)
+        broker.producer("t").send_batch([b"v%d" % i for i in range(10)])
+    past = '{"t": {"0": 50}}'
+    with pytest.raises(Exception, match="DataLossError.*t/0: startingOffsets past the log end"):
+        load(spark, data, subscribe="t", startingOffsets=past).collect()
+    assert load(spark, data, subscribe="t", startingOffsets=past, failOnDataLoss="false").count() == 0
+    assert load(spark, data, subscribe="t", startingOffsets='{"t": {"0": 10}}').count() == 0    # the end itself
+    stream = (spark.readStream.format("txmq").option("path", str(data)).option("subscribe", "t")
+              .option("startingOffsets", past).load()
+              .writeStream.format("memory").queryName("past_end").trigger(availableNow=True).start())
+    with pytest.raises(Exception, match="startingOffsets past the log end"):
+        stream.awaitTermination(120)
+
+
+def test_empty_headers_read_back_as_an_empty_array(spark, tmp_path):
+    """Kafka's source gives every record a headers array: [] when it has
+    none, never NULL."""
+    data = tmp_path / "data"
+    with txmq.Broker(data, fsync="never") as broker:
+        broker.create_topic("t", 1)
+        p = broker.producer("t")
+        p.send_batch([b"a", b"b", b"c"], headers=[{}, None, {"h": b"1"}])
+        p.send(b"d")
+        p.send_batch([b"e%d" % i for i in range(200)])               # a batch read as a view
+    rows = load(spark, data, subscribe="t", includeHeaders="true").orderBy("offset").collect()
+    assert [r.headers for r in rows[:3]] == [[], [], [("h", b"1")]]
+    assert all(r.headers == [] for r in rows[3:]) and len(rows) == 204

@@ -19,10 +19,15 @@ Python one: the writer carries only picklable fields (path, topic, job
 id), and the Spark worker opens files inside ``write``.
 
 ``writeStream.format("txmq")``: each micro-batch commits the same way,
-keyed by (sink id, batchId) — the sink id is the ``sinkId`` option, else
-the query's ``checkpointLocation`` — and the batch id is recorded in the
-same transaction as the data (``txmq.sinks``), so a micro-batch that
-Spark replays after a driver crash commits once.
+keyed by (sink key, batchId), and the batch id is recorded in the same
+transaction as the data (``txmq.sinks``), so a micro-batch that Spark
+replays after a driver crash commits once. The sink key is the query's
+persistent id — the one Spark keeps in the checkpoint's ``metadata`` file
+and hands every task as the local property ``sql.streaming.queryId`` —
+prefixed with the ``sinkId`` option when given (:func:`sink_key`). A query
+restarted from its checkpoint keeps its id and so its committed batch ids;
+a query on a fresh (or deleted) checkpoint is a new query whose batches
+0, 1, ... are all written; two queries given one ``sinkId`` are kept apart.
 """
 
 from __future__ import annotations
@@ -34,18 +39,36 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from txmq import ingest
-from txmq.errors import InvalidArgumentError
+from txmq.errors import InvalidArgumentError, StagingError
 
 JOB_SINK = "txmq.job/"            # sink keys of batch writes: one commit per job id
+QUERY_SINK = "txmq.query"         # the prefix of sink keys of streaming queries without a sinkId
+QUERY_ID_PROPERTY = "sql.streaming.queryId"     # set by Spark on every task of a streaming query
 
-__all__ = ["StagedAttempt", "TxmqArrowWriter", "TxmqStreamArrowWriter", "batch_writer", "stream_writer"]
+__all__ = ["StagedAttempt", "TxmqArrowWriter", "TxmqStreamArrowWriter", "batch_writer", "stream_writer",
+           "sink_key"]
 
 
 @dataclass
 class StagedAttempt(WriterCommitMessage):
-    """What a task attempt tells the commit: the attempt it staged."""
+    """What a task attempt tells the commit: the attempt it staged, and
+    (streaming) the persistent id of the query it ran for."""
     attempt: str
     messages: int
+    query: str | None = None
+
+
+def sink_key(sink_id: str | None, query_id: str) -> str:
+    """The key under which a streaming query's last committed batch id is
+    recorded in ``txmq.sinks`` (:meth:`txmq.Broker.sink_batch_id`):
+    ``<sinkId>/<query id>``, or ``txmq.query/<query id>`` without a
+    ``sinkId``."""
+    return f"{sink_id or QUERY_SINK}/{query_id}"
+
+
+def _stream_job(key: str) -> str:
+    # The staging job of a query's micro-batches: a file name, whatever the key holds.
+    return "stream-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def _options(options) -> tuple:
@@ -59,8 +82,10 @@ def _options(options) -> tuple:
     return path, topic
 
 
-def _stage(path: str, job: str, topic: str, iterator) -> StagedAttempt:
-    """One task attempt: stage every batch, mark the attempt complete."""
+def _stage(path: str, job: str, topic: str, iterator, query: str | None = None) -> StagedAttempt:
+    """One task attempt: stage every batch, mark the attempt complete. A
+    ``topic`` column is not read: the ``topic`` option overrides it, as in
+    Spark's Kafka sink."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -68,22 +93,23 @@ def _stage(path: str, job: str, topic: str, iterator) -> StagedAttempt:
     writer = ingest.StagedWriter(path, job, attempt, topic)
     try:
         for batch in iterator:
-            if "topic" in batch.schema.names:
-                _same_topic(batch.column("topic"), topic)
             writer.write_arrow(batch)
-        return StagedAttempt(**writer.close())
+        return StagedAttempt(**writer.close(), query=query)
     except BaseException:
         writer.abort()
         raise
 
 
-def _same_topic(column, topic: str) -> None:
-    import pyarrow.compute as pc
+def _query_id() -> str:
+    """The persistent id of the streaming query this task runs for."""
+    from pyspark import TaskContext
 
-    other = pc.filter(column, pc.not_equal(column, topic))
-    if len(other) or column.null_count:
-        raise InvalidArgumentError("topic column", other[0].as_py() if len(other) else None,
-                                   f"{topic!r}, the topic option, in every row (one topic per write)")
+    ctx = TaskContext.get()
+    query = ctx.getLocalProperty(QUERY_ID_PROPERTY) if ctx is not None else None
+    if not query:
+        raise StagingError(f"a streaming write task without the {QUERY_ID_PROPERTY} local property: "
+                           "writeStream runs inside a Spark streaming query")
+    return query
 
 
 def _attempts(messages) -> list:
@@ -112,24 +138,39 @@ class TxmqArrowWriter(DataSourceArrowWriter):
 
 
 class TxmqStreamArrowWriter(DataSourceStreamArrowWriter):
-    """A streaming write: each micro-batch is one commit keyed by (sink id,
-    batchId). Micro-batches of one query run one at a time, so they share
-    one staging job, emptied by each commit."""
+    """A streaming write: each micro-batch is one commit keyed by
+    (:func:`sink_key`, batchId). The query's id reaches the writer through
+    its tasks (Spark gives it to them, not to the process that commits),
+    in their commit messages. Micro-batches of one query run one at a
+    time, so they share one staging job, emptied by each commit."""
 
-    def __init__(self, path: str, topic: str, sink: str):
+    def __init__(self, path: str, topic: str, sink_id: str | None = None):
         self.path = path
         self.topic = topic
-        self.sink = sink
-        self.job = "stream-" + hashlib.sha256(sink.encode()).hexdigest()[:24]
+        self.sink_id = sink_id
 
     def write(self, iterator) -> StagedAttempt:
-        return _stage(self.path, self.job, self.topic, iterator)
+        query = _query_id()
+        return _stage(self.path, _stream_job(sink_key(self.sink_id, query)), self.topic, iterator, query)
+
+    def _key(self, messages) -> str | None:
+        queries = {m.query for m in messages if isinstance(m, StagedAttempt)}
+        if len(queries) > 1 or None in queries:
+            raise StagingError(f"one micro-batch's tasks ran for different queries: {sorted(map(str, queries))}")
+        return sink_key(self.sink_id, queries.pop()) if queries else None
 
     def commit(self, messages, batchId: int) -> None:
-        ingest.commit(self.path, self.job, _attempts(messages), sink=(self.sink, batchId))
+        key = self._key(messages)
+        if key is None:
+            return                    # no task ran: nothing was staged, nothing to record
+        ingest.commit(self.path, _stream_job(key), _attempts(messages), sink=(key, batchId))
 
     def abort(self, messages, batchId: int) -> None:
-        ingest.abort(self.path, self.job, tombstone=False)
+        # A failed task sends no message; what it staged goes with the next commit
+        # of the query (it empties the job), or with clean_staging.
+        key = self._key(messages)
+        if key is not None:
+            ingest.abort(self.path, _stream_job(key), tombstone=False)
 
 
 def batch_writer(options, schema, overwrite: bool) -> TxmqArrowWriter:
@@ -137,26 +178,68 @@ def batch_writer(options, schema, overwrite: bool) -> TxmqArrowWriter:
     (a topic is append-only)."""
     if overwrite:
         raise InvalidArgumentError("mode", "overwrite", "'append' (a txmq topic is append-only)")
+    _check_options(options, BATCH_OPTIONS)
     _check_columns(schema)
     return TxmqArrowWriter(*_options(options))
 
 
 def stream_writer(options, schema, overwrite: bool) -> TxmqStreamArrowWriter:
-    """The writer of ``df.writeStream.format("txmq")``."""
+    """The writer of ``df.writeStream.format("txmq")``: any checkpoint
+    (per query or ``spark.sql.streaming.checkpointLocation``) serves,
+    since commits are keyed by the query's persistent id; ``sinkId``, when
+    given, prefixes that key."""
     if overwrite:
         raise InvalidArgumentError("outputMode", "complete", "'append' (a txmq topic is append-only)")
+    _check_options(options, STREAM_OPTIONS)
     _check_columns(schema)
     path, topic = _options(options)
-    sink = options.get("sinkId") or options.get("checkpointLocation")
-    if not sink:
-        raise InvalidArgumentError("sinkId", None, "a stable id of this sink (.option('sinkId', ...)), or a "
-                                                   "checkpointLocation option: it keys exactly-once commits")
-    return TxmqStreamArrowWriter(path, topic, sink)
+    sink_id = options.get("sinkId")
+    if sink_id is not None and not str(sink_id).strip():
+        raise InvalidArgumentError("sinkId", sink_id, "a non-empty name, or no sinkId")
+    return TxmqStreamArrowWriter(path, topic, sink_id)
+
+
+# Options each writer knows (lower case: Spark's option map is case-insensitive).
+# checkpointLocation and queryName are Spark's own, passed through to a streaming sink.
+BATCH_OPTIONS = ("path", "topic")
+STREAM_OPTIONS = BATCH_OPTIONS + ("sinkId", "checkpointLocation", "queryName")
+
+
+def _check_options(options, known: tuple) -> None:
+    """Refuse an option the sink does not know (a typo, or a Kafka option
+    txmq has no use for), naming it."""
+    allowed = {k.lower() for k in known}
+    for name in options:
+        if name.lower() not in allowed:
+            raise InvalidArgumentError("option", name, "one of " + ", ".join(known)
+                                       + " (see docs/SPARK.md for Spark's Kafka sink options)")
 
 
 def _check_columns(schema) -> None:
-    """``value`` is required; other columns than Spark's Kafka sink's are
-    ignored, as there (so the columns of a txmq or Kafka read pass)."""
+    """The columns of Spark's Kafka sink, checked when the writer is made
+    (before any task runs): ``value`` binary or string (required),
+    ``key`` binary or string, ``headers`` array<struct<key string, value
+    binary>>, ``partition`` int, ``topic`` string. Other columns are
+    ignored, as there, so the columns of a txmq or Kafka read pass."""
+    from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructField, StructType
+
     names = [f.name for f in schema.fields]
     if "value" not in names:
         raise InvalidArgumentError("columns", names, "a 'value' column (binary or string), as Spark's Kafka sink")
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    for f in schema.fields:
+        t = f.dataType
+        if f.name in ("key", "value"):
+            ok, expected = isinstance(t, (BinaryType, StringType)), "binary or string"
+        elif f.name == "headers":
+            ok = (isinstance(t, ArrayType) and isinstance(t.elementType, StructType)
+                  and t.elementType.simpleString() == header.simpleString())
+            expected = "array<struct<key:string,value:binary>>"
+        elif f.name == "partition":
+            ok, expected = isinstance(t, IntegerType), "int"
+        elif f.name == "topic":
+            ok, expected = isinstance(t, StringType), "string (the topic option overrides it)"
+        else:
+            continue
+        if not ok:
+            raise InvalidArgumentError(f"{f.name} column", t.simpleString(), expected)

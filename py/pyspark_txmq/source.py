@@ -60,14 +60,105 @@ class ReadOptions:
     subscribe: tuple = ()          # topic names
     pattern: str | None = None     # subscribePattern
     assign: tuple = ()             # ((topic, partition), ...)
-    starting: object = "earliest"  # "earliest" | "latest" | {(topic, partition): offset or sentinel}
+    starting: object = "earliest"  # "earliest" | "latest" | {(topic, partition): offset or sentinel} | ByTime
     ending: object = "latest"
+    by_time_strategy: str = "error"     # startingOffsetsByTimestampStrategy
     isolation: str = "read_committed"
     include_headers: bool = False
     max_offsets_per_trigger: int | None = None
     split_offsets: int = SPLIT_OFFSETS_DEFAULT
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
+
+
+@dataclass(frozen=True)
+class ByTime:
+    """A start or end given by time (ms since the epoch): ``at`` for every
+    partition (``startingTimestamp``), else ``per`` partition
+    (``startingOffsetsByTimestamp``), which must name every one read.
+    ``option`` is the option it came from, for errors."""
+
+    option: str
+    at: int | None = None
+    per: tuple = ()                # ((topic, partition, timestamp), ...)
+
+    def timestamp(self, key: tuple) -> int:
+        if self.at is not None:
+            return self.at
+        for topic, p, ts in self.per:
+            if (topic, p) == key:
+                return ts
+        raise InvalidArgumentError(self.option, {f"{t}/{p}": ts for t, p, ts in self.per},
+                                   f"a timestamp for every partition read (none for {key[0]}/{key[1]}), "
+                                   "as Spark's Kafka source")
+
+
+BY_TIME_STRATEGIES = ("error", "latest")
+
+# Every option the source knows (Spark's option map is case-insensitive).
+# Spark's Kafka options txmq has no use for (kafka.bootstrap.servers,
+# groupIdPrefix, ...) are refused like typos: docs/SPARK.md lists them.
+COMMON_OPTIONS = ("path", "subscribe", "subscribePattern", "assign", "startingOffsets", "startingTimestamp",
+                  "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "isolation",
+                  "kafka.isolation.level", "includeHeaders", "maxOffsetsPerPartition", "minPartitions",
+                  "failOnDataLoss")
+BATCH_OPTIONS = COMMON_OPTIONS + ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+STREAM_OPTIONS = COMMON_OPTIONS + ("maxOffsetsPerTrigger",)
+STREAM_ONLY = ("maxOffsetsPerTrigger",)
+BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+
+
+def _check_names(options, streaming: bool) -> None:
+    """Refuse every option the source does not know, naming it (a typo
+    must not pass silently)."""
+    known = STREAM_OPTIONS if streaming else BATCH_OPTIONS
+    allowed = {k.lower() for k in known}
+    elsewhere = {k.lower(): k for k in (BATCH_ONLY if streaming else STREAM_ONLY)}
+    for name in options:
+        if name.lower() in allowed:
+            continue
+        if name.lower() in elsewhere:
+            raise InvalidArgumentError(elsewhere[name.lower()], _get(options, name),
+                                       "nothing: a streaming read has no end (use a batch read)" if streaming
+                                       else "nothing in a batch read (a streaming option)")
+        raise InvalidArgumentError("option", name, "one of " + ", ".join(known)
+                                   + " (docs/SPARK.md lists Spark's Kafka source options beside them)")
+
+
+def _timestamp(name: str, value, text: str) -> int:
+    if type(value) is not int or value < 0:
+        raise InvalidArgumentError(name, text, "a time in milliseconds since the epoch (an integer >= 0)")
+    return value
+
+
+def _by_time(options, single: str, per: str):
+    """``single`` (one timestamp for all partitions) or ``per`` (Kafka's
+    JSON ``{"topic": {"partition": timestamp}}``) as a :class:`ByTime`;
+    ``single`` takes precedence, as in Spark's Kafka source. None: neither."""
+    text = _get(options, single)
+    if text is not None:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        return ByTime(single, at=_timestamp(single, value, text))
+    text = _get(options, per)
+    if text is None:
+        return None
+    expected = 'JSON {"topic": {"partition": timestamp in ms}}'
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        raise InvalidArgumentError(per, text, expected) from None
+    if not isinstance(spec, dict) or not spec or not all(isinstance(v, dict) and v for v in spec.values()):
+        raise InvalidArgumentError(per, text, expected)
+    out = []
+    for topic, parts in spec.items():
+        for p, ts in parts.items():
+            if not (isinstance(p, str) and p.isdigit()):
+                raise InvalidArgumentError(per, text, expected)
+            out.append((topic, int(p), _timestamp(per, ts, text)))
+    return ByTime(per, per=tuple(out))
 
 
 def _get(options, name):
@@ -133,6 +224,7 @@ def parse_read_options(options, streaming: bool) -> ReadOptions:
     Spark's option map is case-insensitive). Raises
     :class:`~txmq.errors.InvalidArgumentError` (a ValueError) naming the
     option and its value."""
+    _check_names(options, streaming)
     path = _get(options, "path")
     if not path:
         raise InvalidArgumentError("path", path, "the data directory: .option('path', dir) or .load(dir)")
@@ -176,15 +268,25 @@ def parse_read_options(options, streaming: bool) -> ReadOptions:
 
     if streaming:
         # Spark's Kafka source: a stream starts at latest by default and has no end.
-        if _get(options, "endingOffsets") is not None:
-            raise InvalidArgumentError("endingOffsets", _get(options, "endingOffsets"),
-                                       "nothing: a streaming read has no end (use a batch read)")
         starting = _offsets(options, "startingOffsets", ("earliest", "latest"), (EARLIEST, LATEST)) or "latest"
         ending = "latest"
     else:
         # A batch read cannot start at latest or end at earliest (as in Spark's Kafka source).
         starting = _offsets(options, "startingOffsets", ("earliest",), (EARLIEST,)) or "earliest"
         ending = _offsets(options, "endingOffsets", ("latest",), (LATEST,)) or "latest"
+        # By time takes precedence over offsets, as in Spark's Kafka source.
+        ending = _by_time(options, "endingTimestamp", "endingOffsetsByTimestamp") or ending
+    starting = _by_time(options, "startingTimestamp", "startingOffsetsByTimestamp") or starting
+    strategy = (_get(options, "startingOffsetsByTimestampStrategy") or "error").strip().lower()
+    if strategy not in BY_TIME_STRATEGIES:
+        raise InvalidArgumentError("startingOffsetsByTimestampStrategy",
+                                   _get(options, "startingOffsetsByTimestampStrategy"), " | ".join(BY_TIME_STRATEGIES))
+    for spec in (starting, ending):
+        if isinstance(spec, ByTime):
+            for topic, p, _ in spec.per:
+                if (topics and topic not in topics) or (assigned and (topic, p) not in assigned):
+                    raise InvalidArgumentError(spec.option, _get(options, spec.option),
+                                               f"only subscribed partitions (not {topic}/{p})")
     for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
         if isinstance(spec, dict):
             for topic, p in spec:
@@ -200,7 +302,7 @@ def parse_read_options(options, streaming: bool) -> ReadOptions:
 
     return ReadOptions(
         path=path, subscribe=topics, pattern=pattern, assign=assigned, starting=starting, ending=ending,
-        isolation=isolation, include_headers=option_bool(options, "includeHeaders", False),
+        by_time_strategy=strategy, isolation=isolation, include_headers=option_bool(options, "includeHeaders", False),
         max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger"),
         split_offsets=_positive_int(options, "maxOffsetsPerPartition") or SPLIT_OFFSETS_DEFAULT,
         min_partitions=_positive_int(options, "minPartitions"),
@@ -241,8 +343,22 @@ def _assigned(opts: ReadOptions, directory) -> list:
     return [(t, p) for t in topics for p in directory.partitions(t)]
 
 
-def _resolve(spec, key, view, isolation: str, default: str) -> tuple:
-    """(offset, strict) of ``spec`` for one partition, given its view."""
+def _resolve(spec, key, view, isolation: str, default: str, strategy: str | None = None) -> tuple:
+    """(offset, strict) of ``spec`` for one partition, given its view. A
+    time resolves through the partition's time index to the first offset
+    published at or after it; past the last message, a start (``strategy``
+    given: Kafka's startingOffsetsByTimestampStrategy) fails with
+    ``error`` or starts at the end with ``latest``, and an end (no
+    ``strategy``) is the latest."""
+    if isinstance(spec, ByTime):
+        ts = spec.timestamp(key)
+        off = view.offset_for_time(ts)
+        if off is not None:
+            return off, True
+        if strategy == "error":
+            raise InvalidArgumentError(spec.option, ts, f"a time no later than the last message of {key[0]}/{key[1]} "
+                                       "(or startingOffsetsByTimestampStrategy=latest)")
+        return view.limit(isolation, None), True
     if isinstance(spec, dict):
         off = spec.get(key, EARLIEST if default == "earliest" else LATEST)
     else:
@@ -252,6 +368,22 @@ def _resolve(spec, key, view, isolation: str, default: str) -> tuple:
     if off == LATEST:
         return view.limit(isolation, None), True
     return off, True
+
+
+def check_start(opts: ReadOptions, topic: str, p: int, start: int, view) -> int:
+    """A planned start checked against the partition as it is: below its
+    log start (retention deleted it) or past its log end (no such offset)
+    fails the read with ``failOnDataLoss`` (as Spark's Kafka source does),
+    else the start moves to what is there."""
+    if start < view.log_start:
+        if opts.fail_on_data_loss:
+            raise DataLossError(topic, p, start, view.log_start, "startingOffsets below the log start")
+        return view.log_start
+    if start > view.log_end:
+        if opts.fail_on_data_loss:
+            raise DataLossError(topic, p, start, view.log_end, "startingOffsets past the log end")
+        return view.log_end
+    return start
 
 
 def split(ranges: list, size: int, min_partitions: int | None) -> list:
@@ -302,12 +434,9 @@ class TxmqReader(DataSourceReader):
                 view = directory.view(topic, p)
                 key = (topic, p)
                 top = view.limit(opts.isolation, None)
-                start, strict = _resolve(opts.starting, key, view, opts.isolation, "earliest")
+                start, strict = _resolve(opts.starting, key, view, opts.isolation, "earliest", opts.by_time_strategy)
                 end, _ = _resolve(opts.ending, key, view, opts.isolation, "latest")
-                if start < view.log_start:
-                    if opts.fail_on_data_loss:
-                        raise DataLossError(topic, p, start, view.log_start, "startingOffsets below the log start")
-                    start = view.log_start
+                start = check_start(opts, topic, p, start, view)
                 end = min(end, top)               # what is there now: fixed for every task
                 if end > start:
                     ranges.append(OffsetRange(topic, p, start, end, strict))
@@ -370,12 +499,9 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         out = {}
         for k, view in self._views().items():
-            off, _ = _resolve(self.opts.starting, parse_offset_key(k), view, self.opts.isolation, "latest")
-            if off < view.log_start:
-                if self.opts.fail_on_data_loss:
-                    raise DataLossError(*parse_offset_key(k), off, view.log_start, "startingOffsets below the log start")
-                off = view.log_start
-            out[k] = off
+            key = parse_offset_key(k)
+            off, _ = _resolve(self.opts.starting, key, view, self.opts.isolation, "latest", self.opts.by_time_strategy)
+            out[k] = check_start(self.opts, *key, off, view)
         return out
 
     def getDefaultReadLimit(self):

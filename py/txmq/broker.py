@@ -658,9 +658,9 @@ class Broker:
     # -- background work ------------------------------------------------------------
 
     def enforce_retention(self) -> int:
-        """Delete the segments that retention allows (and staged ingest
-        left over for a day, :func:`txmq.ingest.clean_staging`); return how
-        many."""
+        """Delete the segments that retention allows (and what staged
+        ingest left over: tombstones after ten minutes, staged jobs after a
+        day, :func:`txmq.ingest.clean_staging`); return how many."""
         if self._closed:
             return 0
         deleted = clean_staging(self.path, time.time())

@@ -132,6 +132,13 @@ class Consumer:
         self._check_open()
         self._sub.nack(_ids(messages))
 
+    def release(self, messages) -> None:
+        """Hand back messages this consumer received but did not process
+        (not a failure): they are delivered again at once, in offset order,
+        with their ``redelivery_count`` unchanged."""
+        self._check_open()
+        self._sub.nack(_ids(messages), count=False)
+
     def seek(self, target=None, *, timestamp=None, partition: int | None = None) -> None:
         """Move the subscription's cursor (for every consumer of it).
 

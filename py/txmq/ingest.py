@@ -12,7 +12,7 @@ transaction** and to delete the job's staging directory, every other
 attempt with it. Staged files never become visible any other way.
 
 A commit may carry a ``sink`` key and a batch id (a streaming query's
-checkpoint and micro-batch): the last committed batch id of each sink is
+persistent id and micro-batch): the last committed batch id of each sink is
 recorded in the topic ``txmq.sinks`` in the same transaction, and a batch
 id at or below it is not appended again, so a micro-batch replayed after a
 crash commits once.
@@ -45,7 +45,13 @@ COMPLETE = "COMPLETE"             # written last: the attempt's files are whole
 SINKS_TOPIC = "txmq.sinks"
 ABORTED = ".aborted"              # <staging>/<job>.aborted: a tombstone late tasks of the job obey
 STAGED_SEGMENT_BYTES = 64 * 1024 * 1024
-TOMBSTONE_AGE_S = 24 * 3600.0     # tombstones, and staged jobs untouched this long, are removed
+# A tombstone only keeps a failed job's tasks still running from leaving
+# staged files behind (nothing visible depends on it: an aborted job is
+# never committed), so it lasts as long as such a task may: ten minutes.
+# A staged job nothing touched for a day (its writer died before commit
+# or abort) is removed too.
+TOMBSTONE_AGE_S = 600.0
+STAGED_AGE_S = 24 * 3600.0
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 
@@ -407,10 +413,11 @@ def abort(data_dir, job: str, *, tombstone: bool = True) -> None:
     shutil.rmtree(jdir, ignore_errors=True)
 
 
-def clean_staging(data_dir, now: float, max_age: float = TOMBSTONE_AGE_S) -> int:
-    """Remove tombstones, and staged jobs nothing touched, older than
-    ``max_age`` seconds (a writer that died without committing or aborting).
-    Returns how many entries were removed."""
+def clean_staging(data_dir, now: float, tombstone_age: float = TOMBSTONE_AGE_S,
+                  staged_age: float = STAGED_AGE_S) -> int:
+    """Remove tombstones older than ``tombstone_age`` seconds, and staged
+    jobs nothing touched for ``staged_age`` (a writer that died without
+    committing or aborting). Returns how many entries were removed."""
     root = os.path.join(os.fspath(data_dir), STAGING)
     removed = 0
     for name in os.listdir(root) if os.path.isdir(root) else ():
@@ -420,7 +427,7 @@ def clean_staging(data_dir, now: float, max_age: float = TOMBSTONE_AGE_S) -> int
                                                     for d, _, fs in os.walk(path) for f in fs])
         except OSError:
             continue
-        if now - newest > max_age:
+        if now - newest > (tombstone_age if name.endswith(ABORTED) else staged_age):
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:

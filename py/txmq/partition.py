@@ -987,12 +987,8 @@ class Partition:
         return _retrying(self._find_time, timestamp_ms)
 
     def _find_time(self, timestamp_ms: int) -> int:
-        for seg in self._segments:
-            if seg.size and seg.last_publish_time >= timestamp_ms:
-                off = seg.find_time(timestamp_ms)
-                if off >= 0:
-                    return off
-        return self.end_offset
+        off = offset_for_time(self._segments, timestamp_ms)
+        return self.end_offset if off is None else off
 
     # -- retention -----------------------------------------------------------
 
@@ -1255,6 +1251,19 @@ def _torn(path: str) -> bool:
         return os.path.getsize(path) % INDEX_ENTRY.itemsize != 0
     except FileNotFoundError:
         return False
+
+
+def offset_for_time(segments, timestamp_ms: int) -> int | None:
+    """The first offset published at or after ``timestamp_ms`` in
+    ``segments`` (in offset order), through each one's time index; None
+    when every batch was published before it (Kafka's offsetsForTimes
+    answering null)."""
+    for seg in segments:
+        if seg.size and seg.last_publish_time >= timestamp_ms:
+            off = seg.find_time(timestamp_ms)
+            if off >= 0:
+                return off
+    return None
 
 
 def index_problem(seg: Segment, offsets, positions, timestamps, time_offsets, size: int | None = None,

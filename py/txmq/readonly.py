@@ -69,7 +69,7 @@ from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, REA
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
 from txmq.partition import (SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, _load_entries, _monotone,
                             _parse_txn_tables, _txnindex_entries, _valid_entries, never_delivered, parse_snapshot,
-                            replay_txn_header)
+                            offset_for_time, replay_txn_header)
 from txmq.txn import TxnID
 
 __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
@@ -224,6 +224,13 @@ class PartitionView:
     def limit(self, isolation: str, end: int | None) -> int:
         top = self.max_read_position if isolation == "read_committed" else self.log_end
         return top if end is None else min(end, top)
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        """The first offset of this view published at or after
+        ``timestamp_ms`` (from the segments' time indexes), None when every
+        message in it was published before."""
+        off = offset_for_time([s.segment for s in self.segments], timestamp_ms)
+        return None if off is None or off >= self.log_end else max(off, self.log_start)
 
     def skipped(self, info, committed: bool) -> bool:
         """A marker, or (``committed``) a batch of an aborted transaction."""
@@ -731,7 +738,8 @@ def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool,
                    pa.array(offsets), pa.array(times * scale, schema.field("timestamp").type),
                    pa.array(np.zeros(n, np.int32))]
         if include_headers:
-            columns.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in headers],
+            # A message without headers has an empty list, never NULL (Kafka's source).
+            columns.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
                                     schema.field("headers").type))
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 

@@ -215,8 +215,9 @@ class Subscription:
                     self._queue_redelivery(lane, off, now)
         lane.ranges = keep
 
-    def _queue_redelivery(self, lane: _Lane, offset: int, ready: float) -> None:
-        lane.redelivery_count[offset] = lane.redelivery_count.get(offset, 0) + 1
+    def _queue_redelivery(self, lane: _Lane, offset: int, ready: float, count: bool = True) -> None:
+        if count:
+            lane.redelivery_count[offset] = lane.redelivery_count.get(offset, 0) + 1
         if ready <= time.monotonic():
             # Due at once (an abort, an ack timeout, a consumer leaving):
             # ordered by offset with every other such message, whenever it
@@ -557,7 +558,10 @@ class Subscription:
             lane.ranges = [r for r in lane.ranges
                            if r[1] > md and lane.cursor.acked.count_in(max(r[0], md), r[1]) < r[1] - max(r[0], md)]
 
-    def nack(self, message_ids) -> None:
+    def nack(self, message_ids, *, count: bool = True) -> None:
+        """Queue what a consumer holds for redelivery: after ``nack_delay``
+        with ``redelivery_count`` + 1, or (``count`` False, a release)
+        at once and uncounted — the message was never processed."""
         now = time.monotonic()
         with self.cond:
             for mid in message_ids:
@@ -566,7 +570,7 @@ class Subscription:
                     continue
                 if lane.outstanding.pop(mid.offset, None) is None and not _cut_from_ranges(lane, [mid.offset]):
                     continue
-                self._queue_redelivery(lane, mid.offset, now + self.nack_delay)
+                self._queue_redelivery(lane, mid.offset, now + self.nack_delay if count else now, count)
             self.cond.notify_all()
 
     # -- acknowledging in a transaction -----------------------------------------------

@@ -421,8 +421,10 @@ class Function:
                 # uncommitted messages of this lane, older than these: give
                 # these back too, so that the lane's events come again in
                 # offset order (redeliveries go out by offset, before fresh
-                # ones) and none is taken for late.
-                self._give_back(msgs)
+                # ones) and none is taken for late. They were not processed,
+                # so they come back uncounted (a released message is no
+                # redelivery: max_redeliveries counts failed tries only).
+                self._give_back(msgs, counted=False)
             return
         try:
             txn = lane.tp.begin()
@@ -515,16 +517,19 @@ class Function:
         if self._retry_backoff:
             time.sleep(min(self._retry_backoff * 2 ** min(self._failures_in_row - 1, 10), BACKOFF_MAX_S))
 
-    def _give_back(self, msgs: list) -> None:
+    def _give_back(self, msgs: list, counted: bool = True) -> None:
         """Nack what the step received: messages an aborted transaction
         had acknowledged are queued again already (the nack passes over
-        them), the others would otherwise stay with this consumer."""
+        them), the others would otherwise stay with this consumer.
+        ``counted`` False releases them instead (never processed: their
+        redelivery_count stays)."""
         by_topic: dict = {}
         for m in msgs:
             by_topic.setdefault(m.topic, []).append(m)
         for topic, ms in by_topic.items():
+            consumer = self._consumer_of[topic]
             try:
-                self._consumer_of[topic].nack(ms)
+                consumer.nack(ms) if counted else consumer.release(ms)
             except TxmqError:
                 pass                # a closed consumer gave its messages back already
 
