@@ -6,6 +6,7 @@ import datetime
 
 from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTypeError
 from txmq.message import Message, MessageId
+from txmq.transaction import meta_of
 
 
 def _ids(messages) -> list:
@@ -98,7 +99,7 @@ class Consumer:
             partition = int(md[b"partition"])
             offsets = messages.column("offset").to_numpy()
             if txn is not None:
-                self._sub.ack_range_txn(txn._checked_meta(self._broker), partition,
+                self._sub.ack_range_txn(meta_of(txn, self._broker), partition,
                                         sorted(offsets.tolist()))
                 return
             first, last = int(offsets[0]), int(offsets[-1])
@@ -108,7 +109,7 @@ class Consumer:
                 self._sub.ack([MessageId(self.topic, partition, int(o)) for o in offsets])
             return
         if txn is not None:
-            self._sub.ack_txn(txn._checked_meta(self._broker), _ids(messages))
+            self._sub.ack_txn(meta_of(txn, self._broker), _ids(messages))
             return
         self._sub.ack(_ids(messages))
 
@@ -122,7 +123,7 @@ class Consumer:
         if len(ids) != 1:
             raise InvalidArgumentError("message", message, "one Message or MessageId")
         if txn is not None:
-            self._sub.ack_cumulative_txn(txn._checked_meta(self._broker), ids[0])
+            self._sub.ack_cumulative_txn(meta_of(txn, self._broker), ids[0])
             return
         self._sub.ack_cumulative(ids[0])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from txmq.errors import InvalidArgumentError
 from txmq.txn import TxnID, TxnState
 
 
@@ -63,15 +64,6 @@ class Transaction:
         self._meta.check_owner()
         self._coordinator.end(self._meta, False)
 
-    def _checked_meta(self, broker):
-        """The record for an operation through ``broker`` (same broker only)."""
-        if broker is not self._broker:
-            from txmq.errors import InvalidArgumentError
-            raise InvalidArgumentError("txn", self, "a transaction of the same broker")
-        if self._meta.owner is not None:
-            self._meta.check_owner()
-        return self._meta
-
     def __enter__(self) -> "Transaction":
         return self
 
@@ -86,3 +78,15 @@ class Transaction:
     def __repr__(self) -> str:
         age = time.monotonic() - (self._meta.deadline - self._meta.timeout)
         return f"Transaction({self.id}, {self.state.value}, age={age:.1f}s)"
+
+
+def meta_of(txn, broker):
+    """The coordinator's record of ``txn`` (the ``txn=`` of a send or an
+    ack through ``broker``): it must be a :class:`Transaction` of that
+    broker, and not one of a fenced transactional producer."""
+    if type(txn) is not Transaction or txn._broker is not broker:
+        raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
+    meta = txn._meta
+    if meta.owner is not None:
+        meta.check_owner()
+    return meta

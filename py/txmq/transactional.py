@@ -16,6 +16,7 @@ from txmq.errors import (ConcurrentTransactionsError, InvalidArgumentError, Inva
                          PartitionNotFoundError, ProducerFencedError, TransactionError)
 from txmq.message import MessageId
 from txmq.producer import Producer
+from txmq.transaction import meta_of
 from txmq.txn import TxnState
 
 # How long opening a transactional id waits for the previous instance's
@@ -96,7 +97,7 @@ class TransactionalProducer:
         subscription. Positions only move forward: an offset at or below the
         current position changes nothing."""
         self._check()
-        meta = txn._checked_meta(self._broker)
+        meta = meta_of(txn, self._broker)
         if meta.owner is not self:
             raise InvalidArgumentError("txn", txn, f"a transaction of {self.transactional_id!r}")
         sub = _subscription_of(self._broker, subscription)
