@@ -90,6 +90,11 @@ class Consumer:
         again) when it aborts. Acking a message that another open
         transaction holds, or that is already acknowledged, raises
         :class:`~txmq.errors.TransactionConflictError` and changes nothing.
+
+        Without ``txn``, acking a message that an open transaction holds as
+        a pending ack raises :class:`~txmq.errors.TransactionConflictError`
+        (``other`` is that transaction) and acknowledges none of
+        ``messages``: the transaction decides that message's fate.
         """
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
@@ -117,7 +122,9 @@ class Consumer:
         """Acknowledge ``message`` and everything before it on its partition
         (exclusive and failover subscriptions only); with ``txn``, pending
         in that transaction (conflicts with any other transaction's pending
-        ack at or below it)."""
+        ack at or below it). Without ``txn`` it conflicts with any open
+        transaction's pending ack at or below it
+        (:class:`~txmq.errors.TransactionConflictError`, nothing changed)."""
         self._check_open()
         ids = _ids(message)
         if len(ids) != 1:

@@ -32,7 +32,9 @@ class Transaction:
 
     @property
     def state(self) -> TxnState:
-        """OPEN, COMMITTING, COMMITTED, ABORTING or ABORTED."""
+        """OPEN, COMMITTING, COMMITTED, ABORTING or ABORTED (a transaction
+        still open when its broker closed reads ABORTED: the next open's
+        recovery aborts it)."""
         return self._meta.state
 
     @property
@@ -55,14 +57,20 @@ class Transaction:
 
     def abort(self) -> None:
         """Discard the transaction's messages; its acked messages become
-        deliverable again (redelivery count + 1). Aborting a transaction the
-        broker already aborted (timeout, force-abort) does nothing; a fenced
-        transactional producer's transaction raises
+        deliverable again (redelivery count + 1).
+
+        Aborting a transaction already aborted does nothing: a second
+        abort, or one after the broker aborted it (timeout, force-abort,
+        ``broker.close()``). Aborting a committed (or committing) one raises
+        :class:`~txmq.errors.InvalidTxnStateError`; a fenced transactional
+        producer's transaction raises
         :class:`~txmq.errors.ProducerFencedError` (it was aborted when the
         newer instance opened)."""
-        self._broker._check_open()
-        self._meta.check_owner()
-        self._coordinator.end(self._meta, False)
+        meta = self._meta
+        meta.check_owner()
+        if meta.state is TxnState.OPEN:
+            self._broker._check_open()
+        self._coordinator.end(meta, False)
 
     def __enter__(self) -> "Transaction":
         return self
