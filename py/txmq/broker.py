@@ -458,7 +458,7 @@ class Broker:
         ``{"messages", "skipped"}``. Other processes reach this through
         :func:`txmq.ingest.commit`."""
         self._check_open()
-        return self._ingester.ingest(job, attempts, None if sink is None else tuple(sink))
+        return self._ingester.ingest(job, attempts, sink)
 
     def sink_batch_id(self, sink: str) -> int:
         """The last batch id :meth:`ingest_staged` committed for ``sink``

@@ -6,6 +6,7 @@ import datetime
 
 from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTypeError
 from txmq.message import Message, MessageId
+from txmq.options import int_option, seconds_option
 from txmq.transaction import meta_of
 
 
@@ -17,6 +18,8 @@ def _ids(messages) -> list:
             return [m.message_id for m in messages]
         except AttributeError:
             pass
+    if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
+        raise InvalidArgumentError("messages", messages, "a Message, a MessageId or a list of them")
     out = []
     for m in messages:
         if isinstance(m, Message):
@@ -66,9 +69,9 @@ class Consumer:
         """Up to ``max_messages`` messages, as soon as at least one is there
         (waiting up to ``timeout``); [] on timeout."""
         self._check_open()
-        if not isinstance(max_messages, int) or max_messages < 1:
+        if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
             raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
-        return self._sub.receive(self, max_messages, timeout)
+        return self._sub.receive(self, max_messages, _timeout(timeout))
 
     def receive_batch(self, max_messages: int = 1 << 30, timeout: float | None = None):
         """A run of messages from one stored batch as a ``pyarrow.RecordBatch``
@@ -79,7 +82,7 @@ class Consumer:
         self._check_open()
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
             raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
-        return self._sub.receive_batch(self, max_messages, timeout)
+        return self._sub.receive_batch(self, max_messages, _timeout(timeout))
 
     def ack(self, messages, txn=None) -> None:
         """Acknowledge a Message, a MessageId, a list of them, or a
@@ -149,10 +152,11 @@ class Consumer:
         published at or after it. Acks above the new position are forgotten.
         """
         self._check_open()
+        partition = int_option("partition", partition, 0, len(self._sub.lanes) - 1, optional=True)
         if timestamp is not None or isinstance(target, datetime.datetime):
             if isinstance(target, datetime.datetime):
                 timestamp = int(target.timestamp() * 1000)
-            if not isinstance(timestamp, int):
+            if type(timestamp) is not int:
                 raise InvalidArgumentError("timestamp", timestamp, "int milliseconds")
             return self._sub.seek(partition, ("time", timestamp))
         if isinstance(target, MessageId):
@@ -160,8 +164,6 @@ class Consumer:
         if target in ("earliest", "latest"):
             return self._sub.seek(partition, target)
         if isinstance(target, int) and not isinstance(target, bool) and target >= 0:
-            if partition is not None and not 0 <= partition < len(self._sub.lanes):
-                raise InvalidArgumentError("partition", partition, f"0..{len(self._sub.lanes) - 1}")
             return self._sub.seek(partition, target)
         raise InvalidArgumentError("seek target", target,
                                    "an offset >= 0, a MessageId, 'earliest', 'latest' or a datetime")
@@ -186,3 +188,9 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer({self.topic!r}, {self.subscription!r}, id={self.id})"
+
+
+def _timeout(timeout):
+    """A receive's ``timeout``: None (wait until a message comes) or finite
+    seconds >= 0; ``nan`` would never time out and never wait, spinning."""
+    return seconds_option("timeout", timeout, optional=True)

@@ -81,9 +81,10 @@ class TransactionalProducer:
         epoch; it sends only with ``txn=`` one of this producer's
         transactions."""
         self._check()
+        t = self._broker._topic(topic)
         p = self._producers.get(topic)
-        if p is None or p.closed or p._topic is not self._broker._topic(topic):
-            p = self._producers[topic] = Producer(self._broker, self._broker._topic(topic), self.producer_id,
+        if p is None or p.closed or p._topic is not t:
+            p = self._producers[topic] = Producer(self._broker, t, self.producer_id,
                                                   self.epoch, owner=self)
         return p
 
