@@ -377,6 +377,8 @@ cdef class BatchSpec:
 
     cdef _set_headers(self, headers):
         from txmq.errors import InvalidMessageError
+        if not isinstance(headers, (list, tuple)):
+            raise InvalidMessageError("headers (expected a list with one entry per message)", headers)
         if len(headers) != self.count:
             raise InvalidMessageError(f"headers (expected {self.count} entries)", len(headers))
         parts = []
@@ -655,7 +657,12 @@ def encode_headers(h):
     None is stored with length 0xFFFFFFFF (Kafka's null header value).
     """
     from txmq.errors import InvalidMessageError
-    items = h.items() if isinstance(h, dict) else h
+    if isinstance(h, dict):
+        items = h.items()
+    elif isinstance(h, (list, tuple)):
+        items = h
+    else:
+        raise InvalidMessageError("headers (expected a dict or a list of (str, bytes) pairs)", h)
     out = bytearray()
     for pair in items:
         try:

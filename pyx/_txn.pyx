@@ -459,6 +459,30 @@ cdef class PendingAckTable:
             return -1
         return max(r[0], start)
 
+    def holder(self, offsets):
+        """The first of ``offsets`` an open transaction holds, as
+        ``(offset, txn)``, or None: what a plain ack must not touch."""
+        cdef int64_t o
+        cdef dict owner = self.owner
+        cums = list(self.cumulative.items())
+        for o in offsets:
+            if owner:
+                t = owner.get(o)
+                if t is not None:
+                    return (o, t)
+            for t, c in cums:
+                if o <= c:
+                    return (o, t)
+        return None
+
+    def holder_in(self, int64_t start, int64_t end):
+        """The lowest offset in [start, end) an open transaction holds, as
+        ``(offset, txn)``, or None."""
+        cdef int64_t o = self.next_pending(start)
+        if o < 0 or o >= end:
+            return None
+        return (o, self.owner_of(o))
+
     def conflict_individual(self, txn, offsets, int64_t mark_delete, acked):
         """Why acking ``offsets`` in ``txn`` conflicts, or None."""
         cdef int64_t o

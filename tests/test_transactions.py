@@ -477,3 +477,132 @@ def test_concurrent_commits_share_syncs(tmp_path):
         got = values(drain(c))
         assert len(got) == 6 * 20 * 3 and len(set(got)) == len(got)
         assert b.stats()["transactions"]["committed"] == 120
+
+
+# -- ending twice, ending after the broker did, a plain ack of a pending message ------------
+
+
+def test_a_second_abort_is_a_no_op_and_commit_after_abort_still_raises(broker):
+    broker.create_topic("t")
+    p = broker.producer("t")
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    p.send(b"in")
+    m = c.receive(1.0)
+    txn = broker.new_transaction()
+    p.send(b"out", txn=txn)
+    c.ack(m, txn=txn)
+    txn.abort()
+    txn.abort()                                    # no error, nothing more happens
+    assert txn.state is txmq.TxnState.ABORTED
+    with pytest.raises(InvalidTxnStateError) as e:
+        txn.commit()
+    assert e.value.state == "ABORTED"
+    again = c.receive(1.0)                         # redelivered once, not twice
+    assert again.value == b"in" and again.redelivery_count == 1 and c.receive(0.2) is None
+    committed = broker.new_transaction()
+    committed.commit()
+    with pytest.raises(InvalidTxnStateError):
+        committed.abort()                          # a commit is not undone by an abort
+
+
+def test_abort_after_a_force_abort_is_a_no_op(broker):
+    txn = broker.new_transaction()
+    broker.abort_transaction(txn.id)
+    txn.abort()
+    assert txn.state is txmq.TxnState.ABORTED
+
+
+def test_a_transaction_open_at_close_reads_aborted(tmp_path):
+    b = txmq.Broker(tmp_path / "d", fsync="never")
+    b.create_topic("t")
+    p = b.producer("t")
+    c = b.subscribe("t", "s", initial_position="earliest")
+    p.send(b"in")
+    m = c.receive(1.0)
+    txn = b.new_transaction()
+    p.send(b"out", txn=txn)
+    c.ack(m, txn=txn)
+    done = b.new_transaction()
+    done.commit()
+    b.close()
+    assert txn.state is txmq.TxnState.ABORTED and done.state is txmq.TxnState.COMMITTED
+    assert "ABORTED" in repr(txn)
+    txn.abort()                                    # the close aborted it: no error
+    with pytest.raises(txmq.errors.BrokerClosedError):
+        txn.commit()
+    with pytest.raises(txmq.errors.BrokerClosedError):
+        p.send(b"late", txn=txn)
+    with txmq.Broker(tmp_path / "d", fsync="never") as b:
+        c = b.subscribe("t", "s")
+        assert values(drain(c)) == [b"in"]             # its send gone, its ack dropped
+
+
+def _pending_setup(broker, sub_type="exclusive"):
+    broker.create_topic("t")
+    broker.producer("t").send_batch([b"m%d" % i for i in range(6)])
+    c = broker.subscribe("t", "s", sub_type, initial_position="earliest")
+    return c, c.receive_many(6, 1.0)
+
+
+@pytest.mark.parametrize("sub_type", ["exclusive", "shared"])
+def test_a_plain_ack_of_a_message_pending_in_a_transaction_is_refused(broker, sub_type):
+    c, ms = _pending_setup(broker, sub_type)
+    txn = broker.new_transaction()
+    c.ack(ms[2], txn=txn)
+    for plain in (ms[2], [ms[0], ms[2]], ms[2].message_id, [ms[1], ms[3], ms[2]]):
+        with pytest.raises(TransactionConflictError) as e:
+            c.ack(plain)
+        assert e.value.txn_id is None and e.value.other == txn.id
+        assert e.value.message_id == ms[2].message_id
+        assert str(txn.id) in str(e.value) and "pending" in str(e.value)
+    # Nothing of a refused ack was applied, the other messages included.
+    lag = broker.consumer_lag("t", "s")[0]
+    assert lag == 6
+    txn.abort()
+    again = c.receive_many(10, 1.0)
+    assert [m.offset for m in again] == [2] and again[0].redelivery_count == 1
+    c.ack(ms[:2] + again + ms[3:])                 # free again: a plain ack takes it
+    assert broker.consumer_lag("t", "s")[0] == 0
+
+
+def test_the_refused_plain_ack_never_stays_after_the_transaction_aborts(tmp_path):
+    b = txmq.Broker(tmp_path / "d", fsync="never")
+    c, ms = _pending_setup(b)
+    txn = b.new_transaction()
+    c.ack(ms[4], txn=txn)
+    with pytest.raises(TransactionConflictError):
+        c.ack(ms[4])
+    txn.abort()
+    c.ack([m for m in ms if m.offset != 4])
+    c.close()
+    b.close()
+    with txmq.Broker(tmp_path / "d", fsync="never") as b:
+        c = b.subscribe("t", "s")
+        assert [m.offset for m in drain(c)] == [4]
+
+
+def test_plain_cumulative_and_batch_acks_of_pending_messages_are_refused(broker):
+    c, ms = _pending_setup(broker)
+    txn = broker.new_transaction()
+    c.ack(ms[3], txn=txn)
+    with pytest.raises(TransactionConflictError) as e:
+        c.ack_cumulative(ms[4])                    # would acknowledge offset 3 too
+    assert e.value.message_id.offset == 3 and e.value.other == txn.id
+    c.ack_cumulative(ms[2])                        # below it: fine
+    txn.abort()
+    c.seek(3)
+    rb = c.receive_batch(10, 1.0)
+    assert rb.column("offset").to_pylist() == [3, 4, 5]
+    cum = broker.new_transaction()
+    c.ack_cumulative(ms[4], txn=cum)               # a transaction's cumulative ack holds 3 and 4
+    with pytest.raises(TransactionConflictError) as e:
+        c.ack(rb)
+    assert e.value.message_id.offset == 3 and e.value.other == cum.id
+    with pytest.raises(TransactionConflictError):
+        c.ack(ms[4])
+    with pytest.raises(TransactionConflictError):
+        c.ack_cumulative(ms[5])
+    assert broker.consumer_lag("t", "s")[0] == 3
+    cum.commit()
+    c.ack(ms[5])
+    assert broker.consumer_lag("t", "s")[0] == 0

@@ -290,7 +290,7 @@ class TxnModel(RuleBasedStateMachine):
     @rule(data=st.data(), op=st.sampled_from(["send", "ack", "ack_cumulative", "commit", "abort", "force_abort"]))
     def use_ended(self, data, op):
         """Any operation in an ended transaction fails and changes nothing;
-        aborting one the broker aborted (forced, timeout) is a no-op; a
+        aborting an aborted one (by its owner, forced, timeout) is a no-op; a
         timed-out one fails with TransactionTimeoutError (G8)."""
         self._step()
         T = data.draw(st.sampled_from(self.ended_txns()), label="txn")
@@ -316,11 +316,11 @@ class TxnModel(RuleBasedStateMachine):
             with pytest.raises(err):
                 h.commit()
         elif op == "abort":
-            if T.how in ("forced", "timeout"):
-                h.abort()
-            else:
+            if T.how == "commit":
                 with pytest.raises(InvalidTxnStateError):
                     h.abort()
+            else:
+                h.abort()            # aborted already (by an abort, a force-abort, a timeout): a no-op
         else:
             with pytest.raises(TransactionNotFoundError):
                 self.broker.abort_transaction(T.id)

@@ -48,11 +48,13 @@ from txmq.errors import (BrokerClosedError, DataDirError, DataDirLockedError, In
 from txmq.message import AbortedTransaction
 from txmq.producer import Producer
 from txmq.producers import ProducerRegistry
-from txmq.scheduler import Scheduler
+from txmq.scheduler import MIN_INTERVAL, Scheduler
 from txmq import crashpoints, datadir
 from txmq.files import sync_dir, write_json
 from txmq.half import HalfProducer, HalfStore
 from txmq.ingest import Ingester, clean_staging
+from txmq.options import (INT32_MAX, TIMEOUT_MAX_SECONDS, choice_option, flag_option, int_option,
+                          partitions_option, retention_options, seconds_option)
 from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription
 from txmq.topic import Topic, check_subscription_name, check_topic_name
 from txmq.transaction import Transaction
@@ -111,34 +113,30 @@ class Broker:
                  half_retention: float = 3 * 24 * 3600.0, control_socket: bool = True):
         self.path = datadir.resolve(path)
         self._closed = True
-        if fsync not in FSYNC_MODES:
-            raise InvalidArgumentError("fsync", fsync, " | ".join(FSYNC_MODES))
-        if not isinstance(segment_bytes_max, int) or not 4096 <= segment_bytes_max < 2**31:
-            # Batch offsets are int32: no batch, so no segment, reaches 2 GiB.
-            raise InvalidArgumentError("segment_bytes_max", segment_bytes_max, "an int from 4096 to 2 GiB - 1")
+        # Every option is checked before the directory is touched.
+        fsync = choice_option("fsync", fsync, FSYNC_MODES)
+        segment_bytes_max = int_option("segment_bytes_max", segment_bytes_max, 4096, INT32_MAX)
+        # (Batch offsets are int32: no batch, so no segment, reaches 2 GiB.)
         if max_message_bytes is None:
             max_message_bytes = min(5 * MiB, segment_bytes_max // 2)
-        if not isinstance(max_message_bytes, int) or not 0 < max_message_bytes <= segment_bytes_max // 2:
-            raise InvalidArgumentError("max_message_bytes", max_message_bytes,
-                                       "an int > 0 and at most half of segment_bytes_max")
-        if not isinstance(num_coordinators, int) or not 1 <= num_coordinators <= 1024:
-            raise InvalidArgumentError("num_coordinators", num_coordinators, "an int from 1 to 1024")
-        if not isinstance(transaction_timeout_max, (int, float)) or transaction_timeout_max <= 0:
-            raise InvalidArgumentError("transaction_timeout_max", transaction_timeout_max, "seconds > 0")
-        if (not isinstance(producer_id_expiration, (int, float)) or isinstance(producer_id_expiration, bool)
-                or producer_id_expiration <= 0):
-            raise InvalidArgumentError("producer_id_expiration", producer_id_expiration, "seconds > 0")
-        for arg, value in (("half_check_interval", half_check_interval),
-                           ("half_check_immunity", half_check_immunity), ("half_retention", half_retention)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 \
-                    or (arg == "half_check_interval" and value == 0):
-                raise InvalidArgumentError(arg, value, "seconds > 0" if arg == "half_check_interval"
-                                           else "seconds >= 0")
-        if not isinstance(half_max_checks, int) or isinstance(half_max_checks, bool) or half_max_checks < 0:
-            raise InvalidArgumentError("half_max_checks", half_max_checks, "an int >= 0")
+        max_message_bytes = int_option("max_message_bytes", max_message_bytes, 1, segment_bytes_max // 2)
+        index_interval_bytes = int_option("index_interval_bytes", index_interval_bytes, 1, INT32_MAX)
+        retention_ms, retention_bytes = retention_options(retention_ms, retention_bytes)
+        retention_check_interval = seconds_option("retention_check_interval", retention_check_interval,
+                                                  MIN_INTERVAL)
+        num_coordinators = int_option("num_coordinators", num_coordinators, 1, 1024)
+        transaction_timeout_max = seconds_option("transaction_timeout_max", transaction_timeout_max, 0.0,
+                                                 above=True, maximum=TIMEOUT_MAX_SECONDS)
+        producer_id_expiration = seconds_option("producer_id_expiration", producer_id_expiration, 0.0,
+                                                above=True, maximum=TIMEOUT_MAX_SECONDS)
+        half_check_interval = seconds_option("half_check_interval", half_check_interval, MIN_INTERVAL)
+        half_check_immunity = seconds_option("half_check_immunity", half_check_immunity)
+        half_retention = seconds_option("half_retention", half_retention)
+        half_max_checks = int_option("half_max_checks", half_max_checks, 0)
+        control_socket = flag_option("control_socket", control_socket)
         self.fsync = fsync
         self.num_coordinators = num_coordinators
-        self.transaction_timeout_max = float(transaction_timeout_max)
+        self.transaction_timeout_max = transaction_timeout_max
         self._coordinators: list[TransactionCoordinator] = []
         self._tc_rr = itertools.count()
         self.recovered_transactions = {"committed": 0, "aborted": 0}
@@ -178,8 +176,8 @@ class Broker:
                 in_use += [p.producers.max_producer_id() for t in self._topics.values() for p in t.partitions]
                 self._producer_ids.reserve_above(max(in_use, default=-1))
                 self._half = HalfStore(self, os.path.join(self.path, "half"), fsync, self._partition_options,
-                                       check_immunity=float(half_check_immunity), max_checks=half_max_checks,
-                                       retention=float(half_retention))
+                                       check_immunity=half_check_immunity, max_checks=half_max_checks,
+                                       retention=half_retention)
                 self._half.recover()
             finally:
                 if gc_was_on:
@@ -299,11 +297,8 @@ class Broker:
         """Create a topic of ``partitions`` partitions (fixed from now on)."""
         self._check_open()
         check_topic_name(name)
-        if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= 10_000:
-            raise InvalidArgumentError("partitions", partitions, "an int from 1 to 10000")
-        for arg, value in (("retention_ms", retention_ms), ("retention_bytes", retention_bytes)):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise InvalidArgumentError(arg, value, "None or an int >= 0")
+        partitions = partitions_option(partitions)
+        retention_ms, retention_bytes = retention_options(retention_ms, retention_bytes)
         with self._lock:
             if name in self._topics:
                 raise TopicExistsError(name)
@@ -471,7 +466,7 @@ class Broker:
         ``{"messages", "skipped"}``. Other processes reach this through
         :func:`txmq.ingest.commit`."""
         self._check_open()
-        return self._ingester.ingest(job, attempts, None if sink is None else tuple(sink))
+        return self._ingester.ingest(job, attempts, sink)
 
     def sink_batch_id(self, sink: str) -> int:
         """The last batch id :meth:`ingest_staged` committed for ``sink``
@@ -507,16 +502,11 @@ class Broker:
         ``nack_delay`` seconds is how long a nacked message waits.
         """
         self._check_open()
-        if type not in TYPES:
-            raise InvalidArgumentError("subscription type", type, " | ".join(TYPES))
-        if isolation not in ISOLATIONS:
-            raise InvalidArgumentError("isolation", isolation, " | ".join(ISOLATIONS))
-        if initial_position not in POSITIONS:
-            raise InvalidArgumentError("initial_position", initial_position, " | ".join(POSITIONS))
-        if ack_timeout is not None and not (isinstance(ack_timeout, (int, float)) and ack_timeout > 0):
-            raise InvalidArgumentError("ack_timeout", ack_timeout, "None or seconds > 0")
-        if not isinstance(nack_delay, (int, float)) or nack_delay < 0:
-            raise InvalidArgumentError("nack_delay", nack_delay, "seconds >= 0")
+        choice_option("subscription type", type, TYPES)
+        choice_option("isolation", isolation, ISOLATIONS)
+        choice_option("initial_position", initial_position, POSITIONS)
+        ack_timeout = seconds_option("ack_timeout", ack_timeout, 0.0, above=True, optional=True)
+        nack_delay = seconds_option("nack_delay", nack_delay)
         check_subscription_name(subscription)
         with self._lock:
             t = self._topic(topic)

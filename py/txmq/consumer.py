@@ -6,6 +6,8 @@ import datetime
 
 from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTypeError
 from txmq.message import Message, MessageId
+from txmq.options import int_option, seconds_option
+from txmq.transaction import meta_of
 
 
 def _ids(messages) -> list:
@@ -16,6 +18,8 @@ def _ids(messages) -> list:
             return [m.message_id for m in messages]
         except AttributeError:
             pass
+    if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
+        raise InvalidArgumentError("messages", messages, "a Message, a MessageId or a list of them")
     out = []
     for m in messages:
         if isinstance(m, Message):
@@ -65,9 +69,9 @@ class Consumer:
         """Up to ``max_messages`` messages, as soon as at least one is there
         (waiting up to ``timeout``); [] on timeout."""
         self._check_open()
-        if not isinstance(max_messages, int) or max_messages < 1:
+        if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
             raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
-        return self._sub.receive(self, max_messages, timeout)
+        return self._sub.receive(self, max_messages, _timeout(timeout))
 
     def receive_batch(self, max_messages: int = 1 << 30, timeout: float | None = None):
         """A run of messages from one stored batch as a ``pyarrow.RecordBatch``
@@ -78,7 +82,7 @@ class Consumer:
         self._check_open()
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
             raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
-        return self._sub.receive_batch(self, max_messages, timeout)
+        return self._sub.receive_batch(self, max_messages, _timeout(timeout))
 
     def ack(self, messages, txn=None) -> None:
         """Acknowledge a Message, a MessageId, a list of them, or a
@@ -89,6 +93,11 @@ class Consumer:
         again) when it aborts. Acking a message that another open
         transaction holds, or that is already acknowledged, raises
         :class:`~txmq.errors.TransactionConflictError` and changes nothing.
+
+        Without ``txn``, acking a message that an open transaction holds as
+        a pending ack raises :class:`~txmq.errors.TransactionConflictError`
+        (``other`` is that transaction) and acknowledges none of
+        ``messages``: the transaction decides that message's fate.
         """
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
@@ -98,7 +107,7 @@ class Consumer:
             partition = int(md[b"partition"])
             offsets = messages.column("offset").to_numpy()
             if txn is not None:
-                self._sub.ack_range_txn(txn._checked_meta(self._broker), partition,
+                self._sub.ack_range_txn(meta_of(txn, self._broker), partition,
                                         sorted(offsets.tolist()))
                 return
             first, last = int(offsets[0]), int(offsets[-1])
@@ -108,7 +117,7 @@ class Consumer:
                 self._sub.ack([MessageId(self.topic, partition, int(o)) for o in offsets])
             return
         if txn is not None:
-            self._sub.ack_txn(txn._checked_meta(self._broker), _ids(messages))
+            self._sub.ack_txn(meta_of(txn, self._broker), _ids(messages))
             return
         self._sub.ack(_ids(messages))
 
@@ -116,13 +125,15 @@ class Consumer:
         """Acknowledge ``message`` and everything before it on its partition
         (exclusive and failover subscriptions only); with ``txn``, pending
         in that transaction (conflicts with any other transaction's pending
-        ack at or below it)."""
+        ack at or below it). Without ``txn`` it conflicts with any open
+        transaction's pending ack at or below it
+        (:class:`~txmq.errors.TransactionConflictError`, nothing changed)."""
         self._check_open()
         ids = _ids(message)
         if len(ids) != 1:
             raise InvalidArgumentError("message", message, "one Message or MessageId")
         if txn is not None:
-            self._sub.ack_cumulative_txn(txn._checked_meta(self._broker), ids[0])
+            self._sub.ack_cumulative_txn(meta_of(txn, self._broker), ids[0])
             return
         self._sub.ack_cumulative(ids[0])
 
@@ -148,10 +159,11 @@ class Consumer:
         published at or after it. Acks above the new position are forgotten.
         """
         self._check_open()
+        partition = int_option("partition", partition, 0, len(self._sub.lanes) - 1, optional=True)
         if timestamp is not None or isinstance(target, datetime.datetime):
             if isinstance(target, datetime.datetime):
                 timestamp = int(target.timestamp() * 1000)
-            if not isinstance(timestamp, int):
+            if type(timestamp) is not int:
                 raise InvalidArgumentError("timestamp", timestamp, "int milliseconds")
             return self._sub.seek(partition, ("time", timestamp))
         if isinstance(target, MessageId):
@@ -159,8 +171,6 @@ class Consumer:
         if target in ("earliest", "latest"):
             return self._sub.seek(partition, target)
         if isinstance(target, int) and not isinstance(target, bool) and target >= 0:
-            if partition is not None and not 0 <= partition < len(self._sub.lanes):
-                raise InvalidArgumentError("partition", partition, f"0..{len(self._sub.lanes) - 1}")
             return self._sub.seek(partition, target)
         raise InvalidArgumentError("seek target", target,
                                    "an offset >= 0, a MessageId, 'earliest', 'latest' or a datetime")
@@ -185,3 +195,9 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer({self.topic!r}, {self.subscription!r}, id={self.id})"
+
+
+def _timeout(timeout):
+    """A receive's ``timeout``: None (wait until a message comes) or finite
+    seconds >= 0; ``nan`` would never time out and never wait, spinning."""
+    return seconds_option("timeout", timeout, optional=True)

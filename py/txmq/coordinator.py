@@ -161,14 +161,14 @@ class TransactionCoordinator:
     def end(self, meta: TxnMeta, commit: bool, reason: str | None = None) -> None:
         """Commit or abort ``meta`` (the four steps of the module docstring).
 
-        ``reason`` marks an abort the broker made ("timeout", "forced");
-        aborting a transaction the broker already aborted is then a no-op.
+        ``reason`` marks an abort the broker made ("timeout", "forced",
+        "fenced"). A user's abort of a transaction already aborted (by an
+        earlier abort, or by the broker) is a no-op: the caller's wish holds.
         """
         with meta.lock:
             if meta.state is not TxnState.OPEN:
-                if not commit and reason is None and meta.reason is not None and \
-                        meta.state in (TxnState.ABORTING, TxnState.ABORTED):
-                    return       # the broker aborted it first: the caller's wish holds
+                if not commit and reason is None and meta.state in (TxnState.ABORTING, TxnState.ABORTED):
+                    return
                 raise meta.not_open("commit" if commit else "abort")
             late = commit and time.monotonic() > meta.deadline
             if late:       # past its timeout, the timer not there yet: never commit it
@@ -319,4 +319,12 @@ class TransactionCoordinator:
         self.log.compact(encode_coordinator_snapshot(self.next_seq, live, self.tids))
 
     def close(self) -> None:
+        """Close the log. A transaction still open is aborted by the next
+        open's recovery (nothing decided it), so from now on it reads
+        ABORTED; its handle's later calls fail with BrokerClosedError."""
+        for meta in list(self.txns.values()):
+            with meta.lock:
+                if meta.state is TxnState.OPEN:
+                    meta.state = TxnState.ABORTED
+                    meta.reason = "closed"
         self.log.close()

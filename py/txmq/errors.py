@@ -201,17 +201,19 @@ class InvalidTxnStateError(TransactionError):
 
 
 class TransactionConflictError(TransactionError):
-    """An ack in a transaction collides with another transaction's pending
-    ack or with an acknowledgement already made; nothing was changed.
+    """An ack collides with a transaction's pending ack or with an
+    acknowledgement already made; nothing was changed.
 
-    ``message_id`` is the message, ``other`` the TxnID holding it (None when
-    it was acknowledged outside a transaction)."""
+    ``txn_id`` is the transaction acking (None for a plain ack of a message
+    an open transaction holds), ``message_id`` the message, ``other`` the
+    TxnID holding it (None when it was acknowledged outside a transaction)."""
 
     def __init__(self, txn_id, message_id, reason: str, other=None):
         self.message_id = message_id
         self.other = other
         self.reason = reason
-        super().__init__(txn_id, f"transaction {txn_id}: ack of {message_id} conflicts: {reason}"
+        who = f"transaction {txn_id}: ack" if txn_id is not None else "plain ack"
+        super().__init__(txn_id, f"{who} of {message_id} conflicts: {reason}"
                                  + (f" ({other})" if other is not None else ""))
 
 

@@ -512,7 +512,7 @@ class HalfStore:
             recs = self.table.records()
             found = (np.flatnonzero(recs["state"] == DISCARDED) + self.table.base).tolist()
             if half_ids is not None:
-                wanted = set(half_ids)
+                wanted = _half_ids(half_ids)
                 bad = [i for i in wanted if not (self.table.base <= i < self.table.end)
                        or self.table.state_of(i) != DISCARDED]
                 if bad:
@@ -728,3 +728,18 @@ class HalfProducer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _half_ids(half_ids) -> set:
+    """``half_ids`` (an iterable of ints) as a set; anything else is an
+    :class:`~txmq.errors.InvalidArgumentError`."""
+    if isinstance(half_ids, (str, bytes)):
+        raise InvalidArgumentError("half_ids", half_ids, "None or a list of half ids (ints)")
+    try:
+        wanted = set(half_ids)
+    except TypeError:
+        raise InvalidArgumentError("half_ids", half_ids, "None or a list of half ids (ints)") from None
+    for i in wanted:
+        if type(i) is not int and not isinstance(i, np.integer):
+            raise InvalidArgumentError("half_ids", half_ids, "None or a list of half ids (ints)")
+    return {int(i) for i in wanted}

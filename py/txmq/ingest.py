@@ -61,6 +61,17 @@ def _check_name(what: str, value) -> str:
     return value
 
 
+def _check_sink(sink) -> tuple:
+    """``sink`` as (non-empty str key, int batch id >= 0)."""
+    try:
+        key, batch_id = sink
+    except (TypeError, ValueError):
+        key = batch_id = None
+    if not isinstance(key, str) or not key or type(batch_id) is not int or batch_id < 0:
+        raise InvalidArgumentError("sink", sink, "(non-empty str key, int batch id >= 0)")
+    return key, batch_id
+
+
 def staging_dir(data_dir, job: str, attempt: str | None = None) -> str:
     """Where ``job`` (or one attempt of it) stages its files."""
     parts = [os.fspath(data_dir), STAGING, _check_name("job", job)]
@@ -312,6 +323,8 @@ class Ingester:
 
     def last_batch(self, sink: str) -> int:
         """The last batch id committed for ``sink`` (-1: none)."""
+        if not isinstance(sink, str) or not sink:
+            raise InvalidArgumentError("sink", sink, "a non-empty str")
         with self.lock:
             return self._sink_progress().get(sink, -1)
 
@@ -323,12 +336,17 @@ class Ingester:
         otherwise. Returns ``{"messages", "skipped"}``."""
         broker = self.broker
         jdir = staging_dir(broker.path, job)
-        attempts = [_check_name("attempt", a) for a in attempts]
+        if isinstance(attempts, (str, bytes)):
+            raise InvalidArgumentError("attempts", attempts, "a list of attempt names")
+        try:
+            attempts = [_check_name("attempt", a) for a in attempts]
+        except TypeError:
+            raise InvalidArgumentError("attempts", attempts, "a list of attempt names") from None
+        if sink is not None:
+            sink = _check_sink(sink)
         with self.lock:
             if sink is not None:
                 key, batch_id = sink
-                if not isinstance(key, str) or not key or type(batch_id) is not int or batch_id < 0:
-                    raise InvalidArgumentError("sink", sink, "(non-empty str key, int batch id >= 0)")
                 if batch_id <= self._sink_progress().get(key, -1):
                     shutil.rmtree(jdir, ignore_errors=True)
                     return {"messages": 0, "skipped": True}

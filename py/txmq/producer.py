@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 
 import numpy as np
 
 from txmq._log import BatchSpec
 from txmq._partitioner import partition_for, partitions_for_arrow, partitions_for_list
 from txmq.errors import (BrokerClosedError, InvalidArgumentError, InvalidMessageError, PartitionNotFoundError,
-                         ProducerFencedError)
+                         ProducerFencedError, TopicNotFoundError)
 from txmq.message import MessageId, MessageIds
+from txmq.transaction import meta_of
 
 
 class Producer:
@@ -57,7 +59,7 @@ class Producer:
     def _partition(self, key, partition):
         parts = self._topic.partitions
         if partition is not None:
-            if not isinstance(partition, int) or not 0 <= partition < len(parts):
+            if type(partition) is not int or not 0 <= partition < len(parts):   # (bools are not partitions)
                 raise PartitionNotFoundError(self._topic.name, partition)
             return parts[partition]
         if key is not None and len(parts) > 1:
@@ -78,6 +80,8 @@ class Producer:
         if self.closed:
             raise BrokerClosedError(f"producer of {self._topic.name!r} is closed")
         self._broker._check_open()
+        if self._broker._topics.get(self._topic.name) is not self._topic:
+            raise TopicNotFoundError(self._topic.name)     # deleted since this producer was made
         if self._fence is not None and self._fence.fenced:
             raise self._fence.fenced_error()
 
@@ -87,7 +91,7 @@ class Producer:
                 raise InvalidArgumentError("txn", None, f"a transaction of transactional producer "
                                                         f"{self._owner.transactional_id!r} (begin())")
             return p.append(spec, 0, None, self.producer_id, self.epoch, sequence, None, self._fence)
-        meta = txn._checked_meta(self._broker)
+        meta = meta_of(txn, self._broker)
         if self._owner is not None and meta.owner is not self._owner:
             raise InvalidArgumentError("txn", txn, f"a transaction of transactional producer "
                                                    f"{self._owner.transactional_id!r} (begin())")
@@ -140,11 +144,15 @@ class Producer:
             p = self._partition(key, partition)
         else:
             p = parts[next(self._rr) % len(parts)]
-        if txn is None and self._owner is None:
-            return _new_id(MessageId, (self._topic.name, p.index,
-                                       p.append(spec, 0, None, self.producer_id, self.epoch, sequence, None,
-                                                self._fence)))
-        return _new_id(MessageId, (self._topic.name, p.index, self._append(p, spec, txn, sequence)))
+        try:
+            if txn is None and self._owner is None:
+                return _new_id(MessageId, (self._topic.name, p.index,
+                                           p.append(spec, 0, None, self.producer_id, self.epoch, sequence, None,
+                                                    self._fence)))
+            return _new_id(MessageId, (self._topic.name, p.index, self._append(p, spec, txn, sequence)))
+        except BrokerClosedError:
+            self._check_open()    # name what closed: this producer, the broker, or the topic (deleted)
+            raise
 
     def send_batch(self, values, keys=None, headers=None, event_times=None, partition=None,
                    txn=None, sequence: int | None = None) -> MessageIds:
@@ -152,7 +160,11 @@ class Producer:
 
         ``values`` is a list of bytes or a pyarrow binary/string array (the
         array's bytes are copied once, straight into the log, with no
-        per-message Python work). Messages bound for one partition form one
+        per-message Python work), or any other iterable of bytes (read into
+        a list first). ``keys`` (None, or one bytes, str or None per
+        message), ``headers`` (None, or one dict / list of pairs / None per
+        message) and ``event_times`` (None, or one int per message) are
+        taken the same way. Messages bound for one partition form one
         batch; without keys the whole call goes to one partition. ``txn``
         makes every message part of that transaction.
 
@@ -166,24 +178,36 @@ class Producer:
             sequence = -1
         elif type(sequence) is not int or not 0 <= sequence < SEQUENCE_LIMIT:
             raise InvalidArgumentError("sequence", sequence, "an int from 0 to 2**31 - 1")
-        if isinstance(values, tuple):
-            values = list(values)
-        if isinstance(keys, tuple):
-            keys = list(keys)
+        if type(values) is not list:
+            values = _column("values", values, arrow=True)
+        if keys is not None and type(keys) is not list:
+            keys = _column("keys", keys, arrow=True)
+        if headers is not None and type(headers) is not list:
+            headers = _column("headers", headers)
+        if event_times is not None and type(event_times) is not list:
+            event_times = _column("event_times", event_times, numpy=True)
         parts = self._topic.partitions
         n = len(values)
         if not n:
             raise InvalidMessageError("values (a batch needs at least one message)", values)
         if sequence >= 0 and partition is None and len(parts) > 1:
             raise _unrouted(sequence)
+        try:
+            return self._send_batch(parts, n, values, keys, headers, event_times, partition, txn, sequence)
+        except BrokerClosedError:
+            self._check_open()    # name what closed: this producer, the broker, or the topic (deleted)
+            raise
+
+    def _send_batch(self, parts, n, values, keys, headers, event_times, partition, txn, sequence):
         if partition is not None or keys is None or len(parts) == 1:
             p = self._partition(None, partition)
             spec = BatchSpec(values, keys, headers, event_times)
             base = self._append(p, spec, txn, sequence)
             return MessageIds(self._topic.name, np.full(n, p.index, np.int32),
                               np.arange(base, base + n, dtype=np.int64))
-        if len(keys) != n:
-            raise InvalidMessageError(f"keys (expected {n} entries)", len(keys))
+        for what, column in (("keys", keys), ("headers", headers), ("event_times", event_times)):
+            if column is not None and len(column) != n:     # (split by index below)
+                raise InvalidMessageError(f"{what} (expected {n} entries)", len(column))
         if isinstance(keys, list):
             targets = partitions_for_list(keys, len(parts))
         else:
@@ -232,6 +256,23 @@ def _key_bytes(key) -> bytes:
     if isinstance(key, (bytearray, memoryview)):
         return bytes(key)
     raise InvalidMessageError("key (expected bytes, str or None)", key)
+
+
+def _column(what: str, seq, arrow: bool = False, numpy: bool = False):
+    """One per-message argument of send_batch as a list (a pyarrow array,
+    or a numpy array for ``event_times``, as it is); anything that is not
+    an iterable of entries is refused by name."""
+    pa = sys.modules.get("pyarrow")       # not imported: no argument is an Arrow array
+    if arrow and pa is not None and isinstance(seq, (pa.Array, pa.ChunkedArray)):
+        return seq
+    if numpy and isinstance(seq, np.ndarray):
+        return seq
+    if not isinstance(seq, (str, bytes, bytearray, memoryview, dict)):
+        try:
+            return list(seq)
+        except TypeError:
+            pass
+    raise InvalidMessageError(f"{what} (expected a list, or another iterable, with one entry per message)", seq)
 
 
 def _take(seq, idx):

@@ -7,10 +7,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 
+from txmq.errors import InvalidArgumentError
+
 log = logging.getLogger("txmq.scheduler")
+
+# The shortest period a task may have. A period of 0 (or a negative, nan or
+# infinitesimal one) would make the thread run its tasks back to back and
+# hold a core for the broker's whole life.
+MIN_INTERVAL = 0.01
 
 
 class Scheduler:
@@ -24,7 +32,11 @@ class Scheduler:
         self._thread.start()
 
     def every(self, interval: float, fn) -> None:
-        """Run ``fn()`` every ``interval`` seconds, first after one interval."""
+        """Run ``fn()`` every ``interval`` seconds (at least
+        :data:`MIN_INTERVAL`, finite), first after one interval."""
+        if (not isinstance(interval, (int, float)) or isinstance(interval, bool)
+                or not MIN_INTERVAL <= interval < math.inf):
+            raise InvalidArgumentError("interval", interval, f"finite seconds >= {MIN_INTERVAL:g}")
         with self._cond:
             heapq.heappush(self._heap, (self._clock() + interval, next(self._seq), interval, fn))
             self._cond.notify()

@@ -506,10 +506,23 @@ class Subscription:
         return checked
 
     def ack(self, message_ids) -> int:
-        """Acknowledge individually; return how many were newly acknowledged."""
+        """Acknowledge individually; return how many were newly acknowledged.
+        Refused whole if an open transaction holds any of them."""
         checked = self._lanes_of(message_ids)
         with self.cond:
+            for lane, offsets in checked:
+                if len(lane.pending):
+                    self._refuse_held(lane, lane.pending.holder(offsets))
             return sum(self._apply_acks(lane, offsets) for lane, offsets in checked)
+
+    def _refuse_held(self, lane: _Lane, held) -> None:
+        """A plain ack must not take a message an open transaction holds as
+        a pending ack: that transaction's abort would leave it acknowledged
+        although its outcome said otherwise (exactly-once, G6/G7)."""
+        if held is not None:
+            off, txn_id = held
+            raise TransactionConflictError(None, MessageId(self.topic.name, lane.partition.index, off),
+                                           "pending in an open transaction", txn_id)
 
     def _apply_acks(self, lane: _Lane, offsets, cumulative: int = -1, sync: bool = True) -> int:
         """Acknowledge ``offsets`` (and everything up to ``cumulative``) in
@@ -537,6 +550,8 @@ class Subscription:
         """Acknowledge offsets [start, end) of one partition (Arrow batches)."""
         lane = self._lane_of(MessageId(self.topic.name, partition, max(start, end - 1)))
         with self.cond:
+            if len(lane.pending):
+                self._refuse_held(lane, lane.pending.holder_in(start, end))
             n = lane.cursor.ack_range(start, end)
             self._trim_ranges(lane)
             for table in (lane.outstanding, lane.redelivery_count):
@@ -550,6 +565,8 @@ class Subscription:
             raise SubscriptionTypeError(self.name, self.type, "exclusive or failover (ack_cumulative)")
         lane = self._lane_of(message_id)
         with self.cond:
+            if len(lane.pending):
+                self._refuse_held(lane, lane.pending.holder_in(lane.cursor.mark_delete, message_id.offset + 1))
             self._apply_acks(lane, (), message_id.offset)
 
     def _trim_ranges(self, lane: _Lane) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from txmq.errors import InvalidArgumentError
 from txmq.txn import TxnID, TxnState
 
 
@@ -31,7 +32,9 @@ class Transaction:
 
     @property
     def state(self) -> TxnState:
-        """OPEN, COMMITTING, COMMITTED, ABORTING or ABORTED."""
+        """OPEN, COMMITTING, COMMITTED, ABORTING or ABORTED (a transaction
+        still open when its broker closed reads ABORTED: the next open's
+        recovery aborts it)."""
         return self._meta.state
 
     @property
@@ -54,23 +57,20 @@ class Transaction:
 
     def abort(self) -> None:
         """Discard the transaction's messages; its acked messages become
-        deliverable again (redelivery count + 1). Aborting a transaction the
-        broker already aborted (timeout, force-abort) does nothing; a fenced
-        transactional producer's transaction raises
+        deliverable again (redelivery count + 1).
+
+        Aborting a transaction already aborted does nothing: a second
+        abort, or one after the broker aborted it (timeout, force-abort,
+        ``broker.close()``). Aborting a committed (or committing) one raises
+        :class:`~txmq.errors.InvalidTxnStateError`; a fenced transactional
+        producer's transaction raises
         :class:`~txmq.errors.ProducerFencedError` (it was aborted when the
         newer instance opened)."""
-        self._broker._check_open()
-        self._meta.check_owner()
-        self._coordinator.end(self._meta, False)
-
-    def _checked_meta(self, broker):
-        """The record for an operation through ``broker`` (same broker only)."""
-        if broker is not self._broker:
-            from txmq.errors import InvalidArgumentError
-            raise InvalidArgumentError("txn", self, "a transaction of the same broker")
-        if self._meta.owner is not None:
-            self._meta.check_owner()
-        return self._meta
+        meta = self._meta
+        meta.check_owner()
+        if meta.state is TxnState.OPEN:
+            self._broker._check_open()
+        self._coordinator.end(meta, False)
 
     def __enter__(self) -> "Transaction":
         return self
@@ -86,3 +86,15 @@ class Transaction:
     def __repr__(self) -> str:
         age = time.monotonic() - (self._meta.deadline - self._meta.timeout)
         return f"Transaction({self.id}, {self.state.value}, age={age:.1f}s)"
+
+
+def meta_of(txn, broker):
+    """The coordinator's record of ``txn`` (the ``txn=`` of a send or an
+    ack through ``broker``): it must be a :class:`Transaction` of that
+    broker, and not one of a fenced transactional producer."""
+    if type(txn) is not Transaction or txn._broker is not broker:
+        raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
+    meta = txn._meta
+    if meta.owner is not None:
+        meta.check_owner()
+    return meta

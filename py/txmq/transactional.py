@@ -16,6 +16,7 @@ from txmq.errors import (ConcurrentTransactionsError, InvalidArgumentError, Inva
                          PartitionNotFoundError, ProducerFencedError, TransactionError)
 from txmq.message import MessageId
 from txmq.producer import Producer
+from txmq.transaction import meta_of
 from txmq.txn import TxnState
 
 # How long opening a transactional id waits for the previous instance's
@@ -80,9 +81,10 @@ class TransactionalProducer:
         epoch; it sends only with ``txn=`` one of this producer's
         transactions."""
         self._check()
+        t = self._broker._topic(topic)
         p = self._producers.get(topic)
-        if p is None or p.closed or p._topic is not self._broker._topic(topic):
-            p = self._producers[topic] = Producer(self._broker, self._broker._topic(topic), self.producer_id,
+        if p is None or p.closed or p._topic is not t:
+            p = self._producers[topic] = Producer(self._broker, t, self.producer_id,
                                                   self.epoch, owner=self)
         return p
 
@@ -96,7 +98,7 @@ class TransactionalProducer:
         subscription. Positions only move forward: an offset at or below the
         current position changes nothing."""
         self._check()
-        meta = txn._checked_meta(self._broker)
+        meta = meta_of(txn, self._broker)
         if meta.owner is not self:
             raise InvalidArgumentError("txn", txn, f"a transaction of {self.transactional_id!r}")
         sub = _subscription_of(self._broker, subscription)

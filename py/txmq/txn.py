@@ -16,7 +16,7 @@ import threading
 from typing import NamedTuple
 
 from txmq._txn import txn_parts, txn_words
-from txmq.errors import InvalidArgumentError, InvalidTxnStateError, TransactionTimeoutError
+from txmq.errors import BrokerClosedError, InvalidArgumentError, InvalidTxnStateError, TransactionTimeoutError
 
 
 class TxnID(NamedTuple):
@@ -106,6 +106,8 @@ class TxnMeta:
     def not_open(self, doing: str):
         if self.reason == "fenced":
             return self.owner.fenced_error()
+        if self.reason == "closed":
+            return BrokerClosedError(f"transaction {self.id} was aborted when its broker closed; cannot {doing}")
         if self.reason == "timeout":
             return TransactionTimeoutError(self.id, self.timeout)
         return InvalidTxnStateError(self.id, self.state.value, doing)
