@@ -90,6 +90,21 @@ class Verdict:
         return f"{status} {g.kind} {g.name!r}: {shown}; {g.bound_name} {g.bound:g}"
 
 
+def floor(name: str, bound: float) -> Gate:
+    """A ratio gate built in place: the ratio must stay >= ``bound``."""
+    return Gate(name, "ratio", FLOOR, float(bound))
+
+
+def ceiling(name: str, bound: float, kind: str = "count") -> Gate:
+    """A count (or, with ``kind="ratio"``, a lower-is-better ratio) that
+    must stay <= ``bound``."""
+    return Gate(name, kind, CEILING, float(bound))
+
+
+def by_name(gates: list[Gate]) -> dict:
+    return {g.name: g for g in gates}
+
+
 class GateFileError(ValueError):
     """The gates file is malformed (the message names the entry)."""
 
@@ -137,20 +152,21 @@ def load(path) -> list[Gate]:
 
 
 def evaluate(gates: list[Gate], attempts: list[dict]) -> list[Verdict]:
-    """Verdicts for ``gates`` given each attempt's ``{name: Figure}``.
+    """Verdicts for ``gates`` given the attempts in order, each
+    ``{gate name: Figure or None}`` for the gates that attempt measured
+    (None: it was asked to and recorded nothing, a miss).
 
-    A gate that misses its bound in one attempt is judged again on the next
-    attempt that measured it (the retry); it passes if any attempt met the
-    bound. An attempt that does not name a gate it was asked to measure
-    counts as a miss ("no figure")."""
+    A gate is judged on each attempt that measured it until one meets its
+    bound: it passes if any did, so a bound missed once and met on the
+    retry is met."""
     verdicts = []
     for g in gates:
         v = Verdict(g)
-        for figures in attempts:
+        for attempt in attempts:
             if v.figures and v.passed:
                 break
-            if g.name in figures or not v.figures:
-                v.figures.append(figures.get(g.name))
+            if g.name in attempt:
+                v.figures.append(attempt[g.name])
         verdicts.append(v)
     return verdicts
 
