@@ -7,7 +7,11 @@ directly: it runs ``benchmark.pedantic`` (fixed rounds, no calibration, so
 both sides of a comparison do the same amount of work) and records the
 median seconds per round under ``(comparison, side)``. ``COMPARISONS`` says
 which two sides form a ratio and what the goal is; goals are reported,
-never asserted.
+never asserted here. ``bench/gates.toml`` holds the bounds that
+``txmq bench --gate`` enforces on the same ratios (and on the counts of
+``test_bench_counts.py``): the session writes each one's figure (median
+ratio and the range of the per-round ratios) to ``results.json`` under
+``figures`` for it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import time
 from dataclasses import dataclass
 
 import pytest
+
+from txmq.testing.gates import Figure, ratio_figure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_PATH = os.path.join(HERE, "results.json")
@@ -134,6 +140,14 @@ GROUPS = {
 }
 
 
+# The README's consume-transform-produce loop message by message (the
+# transactional hot path's headline figure), beside the batch loop of ctp_never.
+COMPARISONS.append(Comparison(
+    "consume-transform-produce 100/txn per-message send+ack, never vs SQLite OFF", "txmq per-message",
+    "sqlite", 2, ">=", note="goal >= 2x SQLite WAL synchronous=OFF: send(txn=) and ack(m, txn=) per message"))
+GROUPS["ctp_never"].append(COMPARISONS[-1])
+
+
 def add_comparison(group: str, comparison: Comparison) -> None:
     """Register the comparison a benchmark module feeds (called when the
     module is imported; importing it twice adds it once)."""
@@ -147,17 +161,37 @@ class Results:
 
     def __init__(self):
         self.sides: dict[str, dict[str, dict]] = {}
+        self.counts: dict[str, dict] = {}
 
     def add(self, group: str, side: str, median_s: float, ops_per_round: int, unit: str,
-            rounds: int, extra: dict | None = None):
+            rounds: int, extra: dict | None = None, round_s: list | None = None):
+        """``round_s``: the seconds of every timed round, in order (for the
+        range of the per-round ratios)."""
         self.sides.setdefault(group, {})[side] = {
             "median_s_per_round": median_s,
             "ops_per_round": ops_per_round,
             "unit": unit,
             "rounds": rounds,
             "rate_per_s": ops_per_round / median_s if median_s > 0 else None,
+            "round_s": list(round_s or ()),
             **(extra or {}),
         }
+
+    def add_count(self, name: str, value: float, raw: float):
+        """A machine-independent count (``test_bench_counts.py``): ``value``
+        is what the gate compares, ``raw`` the unrounded measurement."""
+        self.counts[name] = {"value": value, "raw": raw}
+
+    def figures(self) -> dict:
+        """``{gate name: Figure}``: every comparison with both sides, and every count."""
+        out = {}
+        for c, num, den, _, _ in self.rows():
+            out[c.name] = ratio_figure(num["round_s"], den["round_s"], num["median_s_per_round"],
+                                       den["median_s_per_round"], num["ops_per_round"], den["ops_per_round"],
+                                       c.kind)
+        for name, rec in self.counts.items():
+            out[name] = Figure(rec["value"])
+        return out
 
     def rows(self):
         for group, comps in GROUPS.items():
@@ -186,7 +220,7 @@ def results() -> Results:
 
 
 @pytest.fixture
-def measure(benchmark, results):
+def measure(benchmark, results, request):
     """``measure(group, side, fn, ops_per_round=, unit=, rounds=, warmup=, setup=)``:
     time ``fn`` with pytest-benchmark and record its median."""
 
@@ -200,7 +234,8 @@ def measure(benchmark, results):
         out = benchmark.pedantic(fn, **kwargs)
         stats = getattr(benchmark, "stats", None)
         if stats is not None:  # None under --benchmark-disable
-            results.add(group, side, stats.stats.median, ops_per_round, unit, rounds, extra)
+            results.add(group, side, stats.stats.median, ops_per_round, unit, rounds,
+                        {"nodeid": request.node.nodeid, **(extra or {})}, stats.stats.data)
         return out
 
     return run
@@ -242,7 +277,7 @@ def _machine() -> dict:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not _RESULTS.sides:
+    if not _RESULTS.sides and not _RESULTS.counts:
         return
     tr = terminalreporter
     tr.section("txmq vs baselines (medians; goals reported, not asserted)")
@@ -261,8 +296,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for r in rows:
         tr.write_line(f"{r['comparison']:<{w}}  {r['txmq']:>18}  {r['baseline']:>18}  "
                       f"{r['ratio']:>8.3g}  {r['goal']:>6}  {'-' if r['met'] is None else 'yes' if r['met'] else 'NO'}")
+    for name, rec in _RESULTS.counts.items():
+        tr.write_line(f"count: {name}: {rec['value']:g} (measured {rec['raw']:.4g})")
+    figures = {name: vars(f) for name, f in _RESULTS.figures().items()}
     payload = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": _machine(),
-               "comparisons": rows, "sides": _RESULTS.sides}
+               "comparisons": rows, "sides": _RESULTS.sides, "counts": _RESULTS.counts,
+               "figures": figures}
     with open(RESULTS_PATH, "w") as f:
         json.dump(payload, f, indent=2)
     tr.write_line(f"written {RESULTS_PATH}")

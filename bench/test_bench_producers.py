@@ -82,7 +82,8 @@ def alternate(measure, benchmark, results, group, first, second, *, ops_per_roun
     if rec_b is None or not timed:       # --benchmark-disable: nothing was timed
         return len(times_a), len(runs_b)
     results.add(group, side_a, statistics.median(timed), ops_per_round, unit, len(timed),
-                {"mean_s_per_round": statistics.fmean(timed), "alternated_with": side_b})
+                {"mean_s_per_round": statistics.fmean(timed), "alternated_with": side_b,
+                 "nodeid": rec_b.get("nodeid")}, timed)
     rec_b["mean_s_per_round"] = benchmark.stats.stats.mean
     rec_b["alternated_with"] = side_a
     return len(times_a), len(runs_b)

@@ -119,12 +119,14 @@ CTP_FILL = (CTP_ROUNDS + CTP_WARMUP + 2) * CTP_TXNS_PER_ROUND * CTP_TXN
 SQLITE_SYNC = {"never": "OFF", "commit": "FULL"}
 
 
-@pytest.mark.parametrize("fsync,side", [("never", "txmq"), ("never", "txmq arrow"), ("never", "sqlite"),
-                                        ("commit", "txmq"), ("commit", "sqlite")])
+@pytest.mark.parametrize("fsync,side", [("never", "txmq"), ("never", "txmq per-message"), ("never", "txmq arrow"),
+                                        ("never", "sqlite"), ("commit", "txmq"), ("commit", "sqlite")])
 def test_consume_transform_produce(fsync, side, measure, tmp_path, request):
     """Per transaction: 100 messages of 100 B in, ``transform`` of each out,
     the inputs acknowledged, all or nothing. ``txmq`` is the per-message
-    API; ``txmq arrow`` (information only) is receive_batch, a pyarrow
+    API with one ``send_batch`` and one ``ack(list)`` per transaction;
+    ``txmq per-message`` the README's loop, ``send(txn=)`` and ``ack(m,
+    txn=)`` for each message; ``txmq arrow`` (information only) is receive_batch, a pyarrow
     compute transform, send_batch of the array and ack of the RecordBatch,
     all in the transaction. SQLite is WAL with synchronous OFF / FULL."""
     values = payloads(1000, 100)
@@ -146,6 +148,17 @@ def test_consume_transform_produce(fsync, side, measure, tmp_path, request):
                 txn = new_txn(TXN_TIMEOUT)
                 producer.send_batch([transform(m.value) for m in msgs], partition=0, txn=txn)
                 consumer.ack(msgs, txn=txn)
+                txn.commit()
+                return len(msgs)
+        elif side == "txmq per-message":
+            send, ack = producer.send, consumer.ack
+
+            def one():
+                msgs = consumer.receive_many(CTP_TXN, 1.0)
+                txn = new_txn(TXN_TIMEOUT)
+                for m in msgs:
+                    send(transform(m.value), partition=0, txn=txn)
+                    ack(m, txn=txn)
                 txn.commit()
                 return len(msgs)
         else:
@@ -175,7 +188,7 @@ def test_consume_transform_produce(fsync, side, measure, tmp_path, request):
             rounds=CTP_ROUNDS, warmup=CTP_WARMUP)
     # The rate assumes full transactions: every one moved 100 messages.
     assert got and all(n == CTP_TXN for n in got), sorted(set(got))
-    if side == "txmq":
+    if side in ("txmq", "txmq per-message"):
         out = broker.stats()["topics"]["out"]["partitions"][0]
         # every transaction wrote its 100 messages and one COMMIT marker
         assert out["end_offset"] == len(got) * (CTP_TXN + 1) and out["open_transactions"] == 0

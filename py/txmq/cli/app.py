@@ -218,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", metavar="EXPR", help="only the benchmarks whose names match (pytest -k)")
     p.add_argument("--reopen", action="store_true",
                    help="include the reopen-after-SIGKILL benchmarks (they write ~2 GiB)")
+    p.add_argument("--gate", action="store_true",
+                   help="enforce bench/gates.toml: exit 1 when a figure misses its floor or ceiling twice")
+    p.add_argument("--quick", action="store_true", help="with --gate: only the quick subset CI runs")
+    p.add_argument("--gates", metavar="FILE", help="with --gate: the gates file (default: gates.toml of the "
+                                                   "benchmarks' directory)")
+    p.add_argument("--save", metavar="NAME", help="save the run in pytest-benchmark's storage (bench/.benchmarks)")
+    p.add_argument("--compare", metavar="NAME", help="compare with the saved run NAME; exit 1 past --compare-fail")
+    p.add_argument("--compare-fail", metavar="EXPR", default="median:15%",
+                   help="pytest-benchmark's --benchmark-compare-fail (default: median:15%%)")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's output on stderr")
     p.set_defaults(run=bench.bench)
     return parser

@@ -5,7 +5,13 @@ The benchmarks run in a subprocess, ``python -m pytest <bench> --benchmark-only`
 times txmq and its baseline in the same run, and ``bench/conftest.py``
 writes the medians and ratios to ``bench/results.json`` at the end of the
 session, which this command reads and prints. Goals are reported, never
-asserted, as in the suite itself.
+asserted, as in the suite itself; ``--gate`` enforces the bounds of
+``bench/gates.toml`` instead (``txmq.cli.bench_gate``).
+
+``--save NAME`` and ``--compare NAME`` hand the run to pytest-benchmark's
+own storage (``bench/.benchmarks``): absolute figures on one machine, a
+branch against main, ``--compare-fail`` (``median:15%`` by default) as the
+threshold that fails the run.
 
 The reopen benchmarks (marker ``reopen``, ~2 GiB of writes) are left out
 unless ``--reopen``. ``TXMQ_DEBUG`` is dropped from the benchmarks'
@@ -44,8 +50,28 @@ def find_bench_dir(explicit: str | None) -> str:
     raise exits.CliError("no bench/ directory found: run from the txmq source tree or pass --bench-dir DIR")
 
 
+def pytest_command(targets: list, *extra) -> list:
+    """The pytest-benchmark run of bench/README.md over ``targets``."""
+    return [sys.executable, "-m", "pytest", *targets, "-v", "-p", "no:cacheprovider", "--benchmark-only",
+            "-o", "addopts=", "--color=no", *extra]
+
+
+def bench_env() -> dict:
+    """The benchmarks' environment: no ``TXMQ_DEBUG`` (its O(n) checks
+    would skew every figure), and the txmq this command runs first on the
+    path (the benchmarks must time it)."""
+    env = dict(os.environ)
+    env.pop("TXMQ_DEBUG", None)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
 def bench(args) -> int:
     bench_dir = find_bench_dir(args.bench_dir)
+    if args.gate:
+        from txmq.cli import bench_gate
+        return bench_gate.gate(args, bench_dir)
     targets = []
     for name in args.file or ():
         path = os.path.join(bench_dir, name if name.endswith(".py") else f"test_bench_{name}.py")
@@ -54,23 +80,29 @@ def bench(args) -> int:
                           if f.startswith("test_bench_") and f.endswith(".py"))
             raise exits.CliError(f"no benchmark file {name!r} in {bench_dir}; the files are: {', '.join(have)}")
         targets.append(path)
-    cmd = [sys.executable, "-m", "pytest", *(targets or [bench_dir]), "-v", "-p", "no:cacheprovider",
-           "--benchmark-only", "-o", "addopts=", "--color=no"]
+    extra = []
     if args.k:
-        cmd += ["-k", args.k]
+        extra += ["-k", args.k]
     if not args.reopen:
-        cmd += ["-m", "not reopen"]
-    env = dict(os.environ)
-    env.pop("TXMQ_DEBUG", None)
-    # The benchmarks must time the txmq this command runs.
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in [env.get("PYTHONPATH")] if p])
+        extra += ["-m", "not reopen"]
+    if args.save:
+        extra += [f"--benchmark-save={args.save}"]
+    if args.compare:
+        # Saved runs are stored as NNNN_NAME.json: match the name after the counter.
+        extra += [f"--benchmark-compare=*_{args.compare}", f"--benchmark-compare-fail={args.compare_fail}"]
+    cmd = pytest_command(targets or [bench_dir], *extra)
+    env = bench_env()
     results_path = os.path.join(bench_dir, "results.json")
     before = _mtime(results_path)
     t0 = time.perf_counter()
     code, log = _run(cmd, bench_dir, env, wants_progress(args.progress), args.verbose)
     seconds = time.perf_counter() - t0
     if code not in (0, 5):              # 5: pytest collected nothing
+        regressed = [line for line in log if "Performance has regressed" in line or line.startswith("\t")]
+        if args.compare and regressed:
+            print("\n".join(regressed), file=sys.stderr)
+            raise exits.CliError(f"slower than the saved run {args.compare!r} by more than {args.compare_fail} "
+                                 f"(the comparisons above)", exits.PROBLEMS)
         tail = "\n".join(log[-30:])
         print(tail, file=sys.stderr)
         raise exits.CliError(f"the benchmarks failed (pytest exit {code}); its output ends above", exits.PROBLEMS)

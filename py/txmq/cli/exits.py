@@ -26,7 +26,7 @@ READ_ONLY_COMMANDS = ("topics list|describe", "consume without --subscription", 
 EPILOG = """\
 exit codes:
   0    success
-  1    check found problems, the demo failed, or a benchmark failed
+  1    check found problems, the demo failed, a benchmark or a performance gate failed
   2    usage or input error (bad option, unknown topic, subscription or
        transaction, bad offset, unreadable input, missing data directory)
   3    the data directory is locked by another process (for a command
