@@ -1,7 +1,7 @@
 """The guide's example (docs/examples/test_pipeline_gates.py) runs as a
-user would run it: pytest on that folder, with txmq's pytest plugin. Its
-count gates hold today, and a copy whose ceilings are one below today's
-counts fails naming the gate."""
+user would run it: pytest on that folder, with txmq's pytest plugin (the
+suite also collects the folder itself, so its gates hold today). A copy
+whose ceiling is one below today's count fails naming the gate."""
 
 from __future__ import annotations
 
@@ -19,12 +19,6 @@ def run_pytest(folder: str, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "txmq.testing.pytest_plugin",
            "--benchmark-disable", "--rootdir", folder, "-c", os.devnull, *extra, folder]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=folder)
-
-
-def test_the_example_gates_pass():
-    r = run_pytest(EXAMPLES)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"\b3 passed\b", r.stdout), r.stdout
 
 
 def test_the_example_fails_when_a_count_goes_over_its_ceiling(tmp_path):

@@ -212,7 +212,10 @@ def test_count_helpers_count():
 
     assert count_calls(three) == 4
     kept, blocks = count_blocks(lambda: [object() for _ in range(100)])
-    assert len(kept) == 100 and 100 <= blocks.count <= 102
+    # tracemalloc sees every thread (the suite's Spark session has some):
+    # hold this file's lines to the exact count.
+    here = sum(n for where, n in blocks.where.items() if where.startswith("test_perf_gates.py:"))
+    assert len(kept) == 100 and 100 <= here <= 102 and blocks.count >= here
 
 
 # -- the ratio fixture, on a fake clock -----------------------------------------------------

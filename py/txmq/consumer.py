@@ -71,7 +71,9 @@ class Consumer:
         self._check_open()
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
             raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
-        return self._sub.receive(self, max_messages, _timeout(timeout))
+        if timeout is not None and not (type(timeout) in _SECONDS and 0.0 <= timeout < _INF):
+            timeout = _timeout(timeout)
+        return self._sub.receive(self, max_messages, timeout)
 
     def receive_batch(self, max_messages: int = 1 << 30, timeout: float | None = None):
         """A run of messages from one stored batch as a ``pyarrow.RecordBatch``
@@ -82,7 +84,9 @@ class Consumer:
         self._check_open()
         if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
             raise InvalidArgumentError("max_messages", max_messages, "an int >= 1")
-        return self._sub.receive_batch(self, max_messages, _timeout(timeout))
+        if timeout is not None and not (type(timeout) in _SECONDS and 0.0 <= timeout < _INF):
+            timeout = _timeout(timeout)
+        return self._sub.receive_batch(self, max_messages, timeout)
 
     def ack(self, messages, txn=None) -> None:
         """Acknowledge a Message, a MessageId, a list of them, or a
@@ -195,6 +199,10 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer({self.topic!r}, {self.subscription!r}, id={self.id})"
+
+
+_SECONDS = (int, float)
+_INF = float("inf")
 
 
 def _timeout(timeout):

@@ -193,37 +193,34 @@ class Producer:
         if sequence >= 0 and partition is None and len(parts) > 1:
             raise _unrouted(sequence)
         try:
-            return self._send_batch(parts, n, values, keys, headers, event_times, partition, txn, sequence)
+            if partition is not None or keys is None or len(parts) == 1:
+                p = self._partition(None, partition)
+                spec = BatchSpec(values, keys, headers, event_times)
+                base = self._append(p, spec, txn, sequence)
+                return MessageIds(self._topic.name, np.full(n, p.index, np.int32),
+                                  np.arange(base, base + n, dtype=np.int64))
+            for what, column in (("keys", keys), ("headers", headers), ("event_times", event_times)):
+                if column is not None and len(column) != n:     # (split by index below)
+                    raise InvalidMessageError(f"{what} (expected {n} entries)", len(column))
+            if isinstance(keys, list):
+                targets = partitions_for_list(keys, len(parts))
+            else:
+                targets = partitions_for_arrow(keys, len(parts))
+            nulls = targets < 0
+            if nulls.any():
+                targets[nulls] = next(self._rr) % len(parts)
+            offsets = np.empty(n, np.int64)
+            for pi in np.unique(targets):
+                idx = np.flatnonzero(targets == pi)
+                spec = BatchSpec(_take(values, idx), _take(keys, idx),
+                                 None if headers is None else [headers[i] for i in idx],
+                                 None if event_times is None else np.asarray(event_times)[idx])
+                base = self._append(parts[pi], spec, txn, -1)
+                offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
+            return MessageIds(self._topic.name, targets, offsets)
         except BrokerClosedError:
             self._check_open()    # name what closed: this producer, the broker, or the topic (deleted)
             raise
-
-    def _send_batch(self, parts, n, values, keys, headers, event_times, partition, txn, sequence):
-        if partition is not None or keys is None or len(parts) == 1:
-            p = self._partition(None, partition)
-            spec = BatchSpec(values, keys, headers, event_times)
-            base = self._append(p, spec, txn, sequence)
-            return MessageIds(self._topic.name, np.full(n, p.index, np.int32),
-                              np.arange(base, base + n, dtype=np.int64))
-        for what, column in (("keys", keys), ("headers", headers), ("event_times", event_times)):
-            if column is not None and len(column) != n:     # (split by index below)
-                raise InvalidMessageError(f"{what} (expected {n} entries)", len(column))
-        if isinstance(keys, list):
-            targets = partitions_for_list(keys, len(parts))
-        else:
-            targets = partitions_for_arrow(keys, len(parts))
-        nulls = targets < 0
-        if nulls.any():
-            targets[nulls] = next(self._rr) % len(parts)
-        offsets = np.empty(n, np.int64)
-        for pi in np.unique(targets):
-            idx = np.flatnonzero(targets == pi)
-            spec = BatchSpec(_take(values, idx), _take(keys, idx),
-                             None if headers is None else [headers[i] for i in idx],
-                             None if event_times is None else np.asarray(event_times)[idx])
-            base = self._append(parts[pi], spec, txn, -1)
-            offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
-        return MessageIds(self._topic.name, targets, offsets)
 
     def flush(self) -> None:
         """Sends are written when they return; kept for Kafka-style code."""

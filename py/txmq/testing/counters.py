@@ -116,7 +116,9 @@ def count_blocks(fn, *args, **kwargs) -> tuple[object, Blocks]:
 
     ``tracemalloc`` is started for the call alone, so blocks that existed
     before it are not traced at all: freeing them does not offset what the
-    call allocated. Garbage is collected before and after."""
+    call allocated. Garbage is collected before and after. tracemalloc
+    sees every thread: run it where no other thread allocates (or read
+    ``Blocks.where`` for the lines that matter)."""
     if tracemalloc.is_tracing():
         raise RuntimeError("count_blocks starts tracemalloc itself: stop it first")
     gc.collect()
