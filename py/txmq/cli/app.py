@@ -11,8 +11,8 @@ import txmq
 
 from txmq.cli import admin, bench, check, consume, exits, produce
 from txmq.cli.demo import demo
-from txmq.cli.demo import MIN_SIZE as demo_min_size
-from txmq.cli.demo import parse_size as parse_demo_size
+from txmq.demo.scenarios import MIN_SIZE as demo_min_size
+from txmq.demo.scenarios import parse_size as parse_demo_size
 from txmq.errors import TxmqError
 
 TOPIC_ACTIONS = ("list", "create", "describe", "delete")
