@@ -76,3 +76,22 @@ def test_ctrl_c_during_produce_says_what_was_produced(tmp_path):
     n = int(re.search(r"interrupted \(([\d,]+) message\(s\) before line", err).group(1).replace(",", ""))
     with txmq.readonly.open(d) as view:
         assert view.high_watermark("t", 0) == n == 20
+
+
+def test_bench_without_the_bench_extra_says_how_to_install_it(tmp_path):
+    """Hide pytest_benchmark from the command's interpreter: one line naming
+    the extra, exit 2, no traceback."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pytest_benchmark':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _Hide())\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")]))
+    r = cli("bench", "--file", "send", env=env)
+    assert r.returncode == 2, r.stderr
+    assert 'pip install "txmq[bench]"' in r.stderr and "pytest_benchmark" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -21,9 +21,8 @@ import sysconfig
 import pytest
 
 import txmq
-from txmq.cli import demo_bank, demo_spark, demo_windows, exits, main
-
-demo_mod = sys.modules["txmq.cli.demo"]         # txmq.cli.demo is also the name of the function
+from txmq.cli import exits, main
+from txmq.demo import bank as demo_bank, scenarios as demo_mod, spark as demo_spark, windows as demo_windows
 PY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
 SIZE = "300"
 CHECKS = 17                 # rows of the table without Spark
@@ -70,7 +69,7 @@ def test_demo_in_process(capsys, tmp_path, monkeypatch):
     assert "SIGKILLed after" in err and "aborted" in err
     # The data stays; the next run replaces it (it is an earlier demo's).
     assert os.path.isdir(d / "topics" / demo_bank.REQUESTS) and f"Data kept in {d}" in out
-    assert demo_mod._prepare(str(d)) is True and os.listdir(d) == []
+    assert demo_mod.prepare(str(d)) is True and os.listdir(d) == []
 
 
 def test_demo_replaces_a_directory_a_killed_owner_left_a_socket_in(tmp_path):
@@ -81,10 +80,10 @@ def test_demo_replaces_a_directory_a_killed_owner_left_a_socket_in(tmp_path):
         b.create_topic(demo_bank.REQUESTS)
     (d / "control.sock").touch()
     (d / "staging").mkdir(exist_ok=True)
-    assert demo_mod._prepare(str(d)) is True and os.listdir(d) == []
+    assert demo_mod.prepare(str(d)) is True and os.listdir(d) == []
     (d / "notes.txt").touch()
-    with pytest.raises(exits.CliError, match="not the data directory of an earlier demo"):
-        demo_mod._prepare(str(d))
+    with pytest.raises(demo_mod.DemoError, match="not the data directory of an earlier demo"):
+        demo_mod.prepare(str(d))
 
 
 @pytest.mark.skipif(_script() is None, reason="the txmq console script is not installed")
@@ -203,7 +202,7 @@ def test_worker_failure_is_reported(capsys, tmp_path):
     d = tmp_path / "d"
     d.mkdir()
     with txmq.Broker(str(d / "held"), fsync="never"):
-        from txmq.cli.demo_worker import run_and_kill
+        from txmq.demo.worker import run_and_kill
         with pytest.raises(RuntimeError, match="DataDirLockedError"):
             run_and_kill(["bank", str(d / "held"), 1, 100], lambda s: True)
 

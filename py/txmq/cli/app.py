@@ -9,10 +9,10 @@ import sys
 
 import txmq
 
-from txmq.cli import admin, bench, check, consume, exits, produce
+from txmq.cli import admin, bench, bench_gate, check, consume, exits, produce
 from txmq.cli.demo import demo
-from txmq.cli.demo import MIN_SIZE as demo_min_size
-from txmq.cli.demo import parse_size as parse_demo_size
+from txmq.demo.scenarios import MIN_SIZE as demo_min_size
+from txmq.demo.scenarios import parse_size as parse_demo_size
 from txmq.errors import TxmqError
 
 TOPIC_ACTIONS = ("list", "create", "describe", "delete")
@@ -35,6 +35,13 @@ def _number(convert, valid, expected: str):
 _positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
 _non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
 _seconds = _number(float, lambda v: v > 0, "seconds > 0")
+
+
+def _bench(args) -> int:
+    """``txmq bench``: the gate with ``--gate``, else the benchmarks."""
+    bench.check_installed()
+    bench_dir = bench.find_bench_dir(args.bench_dir)
+    return bench_gate.gate(args, bench_dir) if args.gate else bench.bench(args, bench_dir)
 
 
 def _demo_size(text: str) -> int:
@@ -228,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-fail", metavar="EXPR", default="median:15%",
                    help="pytest-benchmark's --benchmark-compare-fail (default: median:15%%)")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's output on stderr")
-    p.set_defaults(run=bench.bench)
+    p.set_defaults(run=_bench)
     return parser
 
 

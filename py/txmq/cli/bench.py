@@ -20,6 +20,7 @@ environment: its O(n) checks would skew every figure.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -67,11 +68,25 @@ def bench_env() -> dict:
     return env
 
 
-def bench(args) -> int:
-    bench_dir = find_bench_dir(args.bench_dir)
-    if args.gate:
-        from txmq.cli import bench_gate
-        return bench_gate.gate(args, bench_dir)
+INSTALL = 'pip install "txmq[bench]"'
+
+
+def check_installed() -> None:
+    """The benchmarks need pytest-benchmark (the ``bench`` extra): say how
+    to install it rather than fail inside the subprocess."""
+    missing = []
+    for module in ("pytest", "pytest_benchmark"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise exits.CliError(f"the benchmarks need {' and '.join(missing)}, which are not installed: "
+                             f"install them with: {INSTALL}")
+
+
+def bench(args, bench_dir: str) -> int:
+    """Run the benchmarks of ``bench_dir`` and print their comparisons."""
     targets = []
     for name in args.file or ():
         path = os.path.join(bench_dir, name if name.endswith(".py") else f"test_bench_{name}.py")

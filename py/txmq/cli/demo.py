@@ -1,219 +1,41 @@
-"""``txmq demo``: the two scenarios txmq was built for, on a data directory
-under the current folder, each with a real ``kill -9`` part-way, then a
-table of checks that recompute every result from the log.
-
-1. The bank (:mod:`txmq.cli.demo_bank`): tellers and a transfer client
-   write requests; a read_uncommitted monitor sees transfers while they
-   are open and is never held back by them; a read_committed processor
-   applies each committed request to the balances exactly once
-   (consume-process-produce in one transaction). The process running it
-   all is SIGKILLed mid-run and started again.
-2. The window aggregation (:mod:`txmq.cli.demo_windows`): a
-   ``txmq.functions`` function sums two input topics into per-window
-   totals, in a process that is SIGKILLed mid-run and started again.
-
-Then the output can be read with Spark (:mod:`txmq.cli.demo_spark`).
-Progress goes to stderr, the table (or ``--json``) to stdout; the exit
-code is 1 when a check failed.
+"""``txmq demo``: runs :mod:`txmq.demo` on a data directory under the
+current folder and prints its checks. Progress goes to stderr, the table
+(or ``--json``) to stdout; the exit code is 1 when a check failed.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import shutil
 import sys
-import time
 
-import txmq
-from txmq.datadir import DATA_DIR_ENTRIES
-from txmq.cli import demo_bank, demo_spark, demo_windows, exits, output
-from txmq.cli.demo_worker import run_and_kill
+from txmq.cli import exits, output
+from txmq.demo import bank, spark as demo_spark, windows
+from txmq.demo.scenarios import DEFAULT_DIR, SIZES, DemoError, run
 
-SIZES = {"small": 3000, "medium": 20_000, "large": 100_000}
-MIN_SIZE = 100
-DEFAULT_DIR = "txmq-data"
-# What a data directory of an earlier demo holds, so it may be replaced.
-DEMO_TOPICS = {demo_bank.REQUESTS, demo_bank.BALANCES, *demo_windows.INPUTS, demo_windows.OUTPUT,
-               f"{demo_windows.NAME}-state", f"{demo_windows.NAME}-dlq", "demo-orders"}
-
-
-def parse_size(text: str) -> int:
-    """``small``, ``medium``, ``large`` or a number of bank requests."""
-    if text in SIZES:
-        return SIZES[text]
-    try:
-        n = int(text.replace("_", ""))
-    except ValueError:
-        n = 0
-    if n < MIN_SIZE:
-        raise ValueError(f"expected small, medium, large or a number >= {MIN_SIZE}, not {text!r}")
-    return n
-
-
-def _prepare(data_dir: str) -> bool:
-    """Make ``data_dir`` an empty directory. One left by an earlier demo is
-    replaced; anything else is refused. Returns whether one was replaced."""
-    if not os.path.exists(data_dir):
-        os.makedirs(data_dir)
-        return False
-    if not os.path.isdir(data_dir):
-        raise exits.CliError(f"{data_dir} is not a directory: pass another --dir")
-    entries = set(os.listdir(data_dir))
-    if not entries:
-        return False
-    topics = os.path.join(data_dir, "topics")
-    if (entries <= DATA_DIR_ENTRIES and os.path.isdir(topics)
-            and set(os.listdir(topics)) <= DEMO_TOPICS):
-        shutil.rmtree(data_dir)
-        os.makedirs(data_dir)
-        return True
-    raise exits.CliError(f"{data_dir} exists and is not the data directory of an earlier demo: "
-                         f"pass another --dir (the demo replaces only its own data)")
+COLUMNS = [("scenario", "scenario"), ("check", "check"), ("expected", "expected"), ("got", "got"),
+           ("result", "result")]
 
 
 class _Stage:
     """One progress bar on stderr when drawing is on, a line when it ends."""
 
-    def __init__(self, label: str, total: int, draw: bool, quiet: bool = False):
+    def __init__(self, label: str, total: int, draw: bool):
         self.bar = output.Progress(label, total, enabled=draw)
-        self.quiet = quiet
+
+    @property
+    def done(self) -> int:
+        return self.bar.done
 
     def to(self, done: int, detail: str = "") -> None:
         self.bar.update(max(done, self.bar.done) - self.bar.done, detail)
 
     def end(self, line: str) -> None:
         self.bar.close()
-        if not self.quiet:
-            print(line, file=sys.stderr, flush=True)
+        _say(line)
 
 
-def _bank(data_dir: str, seed: int, size: int, rng: random.Random, draw: bool) -> dict:
-    kill_at = int(size * rng.uniform(0.35, 0.6))
-    st = _Stage("bank", size, draw)
-
-    def progress(s):
-        if s:
-            m = s["monitor"]
-            st.to(s["produced"], f"run {s['run']}: applied {s['applied']:,}, monitor saw "
-                                 f"{m['legs_seen_open']:,} open transfer legs")
-
-    runs = run_and_kill(["bank", data_dir, seed, size],
-                        lambda s: s["produced"] >= kill_at and s["applied"] > 0, progress)
-    k = runs["killed_status"]
-    if runs["killed"]:
-        rec = runs["restart_ready"]["recovered"]
-        st.end(f"bank: {size:,} requests; the process (clients, monitor, processor) SIGKILLed after "
-               f"{k.get('produced', 0):,} sent and "
-               f"{k.get('applied', 0):,} applied; the restart aborted {rec['aborted']} open "
-               f"transaction(s) and carried on")
-    else:
-        st.end("bank: the run finished before the kill point; nothing was killed")
-    return runs
-
-
-def _windows(data_dir: str, seed: int, size: int, rng: random.Random, draw: bool) -> dict:
-    events = size
-    st = _Stage("windows: inputs", events, draw)
-    with txmq.Broker(data_dir, fsync=demo_windows.FSYNC) as broker:
-        sent = demo_windows.produce_inputs(broker, seed, events, lambda n: st.to(st.bar.done + n))
-    st.end(f"windows: {sent['events']:,} orders sent to {' and '.join(demo_windows.INPUTS)} "
-           f"({sent['aborted_events']} more in aborted transactions)")
-    kill_at = int(events * rng.uniform(0.35, 0.6))
-    st = _Stage("windows: function", events, draw)
-
-    def progress(s):
-        if s:
-            st.to(events - s["lag"], f"run {s['run']}")
-
-    runs = run_and_kill(["windows", data_dir], lambda s: events - s["lag"] >= kill_at, progress)
-    if runs["killed"]:
-        k = runs["killed_status"]
-        m = runs["done"]["metrics"]
-        st.end(f"windows: function SIGKILLed after {events - k['lag']:,} of {events:,} orders; the restart "
-               f"restored the state of {m['restores']} lane(s) and emitted {m['windows_emitted']:,} more windows")
-    else:
-        st.end("windows: the function finished before the kill point; nothing was killed")
-    runs["sent"] = sent
-    return runs
-
-
-def _check(scenario: str, name: str, expected, got, ok: bool) -> dict:
-    return {"scenario": scenario, "check": name, "expected": expected, "got": got,
-            "result": "PASS" if ok else "FAIL"}
-
-
-def _checks(bank_runs: dict, bank: dict, win_runs: dict, win: dict) -> list:
-    n = lambda v: f"{v:,}"                  # noqa: E731
-    k = bank_runs["killed_status"]
-    mon = {key: 0 for key in ("legs_seen_open", "past_max_read_position")}
-    for s in (k, bank_runs["done"]):        # each run counts its own
-        for key in mon:
-            mon[key] += s.get("monitor", {}).get(key, 0)
-    total_applied = bank["applied_once"] + bank["applied_twice"] + bank["applied_not_committed"]
-    killed_mid = bank_runs["killed"] and 0 < k.get("applied", 0) < total_applied
-    wk = win_runs["killed_status"]
-    w_done = win["events_committed"] - wk.get("lag", win["events_committed"])
-    return [
-        _check("bank", "bank process SIGKILLed mid-run, then restarted", "killed with work left",
-               f"killed after {n(k.get('applied', 0))} of {n(total_applied)} applied" if bank_runs["killed"]
-               else "not killed", killed_mid),
-        _check("bank", "monitor (read_uncommitted) saw transfer legs while open", "> 0",
-               n(mon["legs_seen_open"]), mon["legs_seen_open"] > 0),
-        _check("bank", "monitor read past an open transfer (maxReadPosition)", "> 0",
-               n(mon["past_max_read_position"]), mon["past_max_read_position"] > 0),
-        _check("bank", "committed requests applied exactly once", n(bank["requests_committed"]),
-               n(bank["applied_once"]), bank["applied_once"] == bank["requests_committed"]),
-        _check("bank", "requests applied more than once", "0", n(bank["applied_twice"]),
-               bank["applied_twice"] == 0),
-        _check("bank", "uncommitted requests applied", "0", n(bank["applied_not_committed"]),
-               bank["applied_not_committed"] == 0),
-        _check("bank", "transfers aborted on purpose, visible committed",
-               f"0 of {bank['aborted_on_purpose_in_log']}", n(bank["aborted_on_purpose_committed"]),
-               bank["aborted_on_purpose_committed"] == 0 and bank["aborted_on_purpose_in_log"] > 0),
-        _check("bank", "committed transfers with both legs", n(bank["transfers_committed"]),
-               n(bank["transfers_whole"]), bank["transfers_whole"] == bank["transfers_committed"] > 0),
-        _check("bank", "balances = recomputation from committed requests",
-               f"{bank['accounts']} accounts, total {n(bank['reserves_expected'])}",
-               f"{bank['accounts_matching']} match, total {n(bank['reserves_got'])}",
-               bank["accounts_matching"] == bank["accounts"]
-               and bank["reserves_got"] == bank["reserves_expected"]),
-        _check("bank", "processor lag at the end", "0", n(bank["processor_lag"]), bank["processor_lag"] == 0),
-        _check("windows", "function SIGKILLed mid-run, then restarted", "killed with work left",
-               f"killed after {n(w_done)} of {n(win['events_committed'])} orders" if win_runs["killed"]
-               else "not killed", win_runs["killed"] and 0 < w_done < win["events_committed"]),
-        _check("windows", "windows emitted (recomputed from the inputs)", n(win["windows_expected"]),
-               n(win["windows_emitted"]), win["windows_emitted"] == win["windows_expected"] > 0
-               and win["windows_unexpected"] == 0),
-        _check("windows", "windows emitted more than once", "0", n(win["windows_twice"]), win["windows_twice"] == 0),
-        _check("windows", "window totals = recomputation", n(win["windows_expected"]),
-               n(win["windows_matching"]), win["windows_matching"] == win["windows_expected"]),
-        _check("windows", "orders counted in emitted windows", n(win["events_counted_expected"]),
-               n(win["events_counted_got"]), win["events_counted_got"] == win["events_counted_expected"]),
-        _check("windows", "orders of aborted transactions seen by the function", "0",
-               n(win["aborted_events_counted"]), win["aborted_events_counted"] == 0),
-        _check("windows", "function lag at the end", "0", n(win["function_lag"]), win["function_lag"] == 0),
-    ]
-
-
-def _spark(data_dir: str, win: dict, enabled: bool, say) -> tuple:
-    """The Spark step: (a check row or None, what to put in the JSON)."""
-    if not enabled:
-        return None, {"ran": False, "reason": "--no-spark"}
-    missing = demo_spark.missing()
-    if missing:
-        return None, {"ran": False, "reason": f"not installed: {', '.join(missing)}"}
-    say(f"spark: reading {demo_windows.OUTPUT} with a local[2] SparkSession ...")
-    r = demo_spark.read(data_dir, demo_windows.OUTPUT)
-    if "error" in r:
-        say(f"spark: could not read ({r['error']}); the demo's own checks stand")
-        return (_check("spark", f"rows of {demo_windows.OUTPUT} read by Spark",
-                       f"{win['windows_output_messages']:,}", "not read", True) | {"result": "SKIP"},
-                {"ran": False, "reason": r["error"]})
-    return (_check("spark", f"rows of {demo_windows.OUTPUT} read by Spark", f"{win['windows_output_messages']:,}",
-                   f"{r['count']:,}", r["count"] == win["windows_output_messages"]),
-            {"ran": True, **r})
+def _say(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
 
 
 def demo(data_dir: str = DEFAULT_DIR, size: int = SIZES["small"], *, seed: int | None = None, keep: bool = True,
@@ -221,54 +43,37 @@ def demo(data_dir: str = DEFAULT_DIR, size: int = SIZES["small"], *, seed: int |
     """Run both scenarios on ``data_dir`` and print the checks; 0 when all
     pass, 1 otherwise."""
     out = out or sys.stdout
-    say = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
     draw = output.wants_progress(progress)
-    seed = random.randrange(1 << 31) if seed is None else seed
-    rng = random.Random(seed)
-    replaced = _prepare(data_dir)
-    where = os.path.abspath(data_dir)
-    say(f"txmq {txmq.__version__} demo on {where} ({'replaced an earlier demo' if replaced else 'new'}), "
-        f"size {size:,}, seed {seed}")
-    t0 = time.monotonic()
     try:
-        bank_runs = _bank(data_dir, seed, size, rng, draw)
-        win_runs = _windows(data_dir, seed, size, rng, draw)
-    except RuntimeError as e:           # a worker failed: no result to check
-        raise exits.CliError(f"the demo could not run: {e}", exits.PROBLEMS) from None
-    with txmq.Broker(data_dir, fsync="commit") as broker:
-        bank = demo_bank.verify(broker)
-        win = demo_windows.verify(broker)
-    checks = _checks(bank_runs, bank, win_runs, win)
-    spark_row, spark_info = _spark(data_dir, win, spark, say)
-    if spark_row:
-        checks.append(spark_row)
-    ok = all(c["result"] != "FAIL" for c in checks)
-    seconds = round(time.monotonic() - t0, 1)
-    if not keep:
-        shutil.rmtree(data_dir, ignore_errors=True)
-
+        result = run(data_dir, size, seed=seed, keep=keep, spark=spark,
+                     stage=lambda label, total: _Stage(label, total, draw), say=_say)
+    except DemoError as e:
+        raise exits.CliError(str(e), exits.PROBLEMS if e.run_failed else exits.USAGE) from None
+    code = exits.OK if result["ok"] else exits.PROBLEMS
     if as_json:
-        print(json.dumps({"ok": ok, "seed": seed, "size": size, "dir": where, "kept": keep, "seconds": seconds,
-                          "checks": checks, "bank": {**bank, "runs": bank_runs},
-                          "windows": {**win, "runs": win_runs}, "spark": spark_info},
-                         indent=2, default=str), file=out)
-        return exits.OK if ok else exits.PROBLEMS
+        print(json.dumps(result, indent=2, default=str), file=out)
+        return code
+    _print_table(result, data_dir, out)
+    return code
+
+
+def _print_table(result: dict, data_dir: str, out) -> None:
+    where, info = result["dir"], result["spark"]
     print(file=out)
-    output.table(checks, [("scenario", "scenario"), ("check", "check"), ("expected", "expected"),
-                          ("got", "got"), ("result", "result")], out=out)
+    output.table(result["checks"], COLUMNS, out=out)
     print(file=out)
-    if spark_info.get("ran"):
-        print(f"Spark read {spark_info['count']:,} rows of {demo_windows.OUTPUT}; the first ones:", file=out)
-        for row in spark_info["rows"]:
+    if info.get("ran"):
+        print(f"Spark read {info['count']:,} rows of {windows.OUTPUT}; the first ones:", file=out)
+        for row in info["rows"]:
             print(f"  {row['key']:<12} {row['value']}  (partition {row['partition']}, offset {row['offset']})",
                   file=out)
         print(file=out)
     print("Read the output with Spark (the `txmq` data source):", file=out)
-    for topic in (demo_windows.OUTPUT, demo_bank.BALANCES):
+    for topic in (windows.OUTPUT, bank.BALANCES):
         print(f"  {demo_spark.snippet(where, topic)}", file=out)
-    if not spark_info.get("ran") and spark_info.get("reason") != "--no-spark":
-        print(f"  ({spark_info['reason']}; install with: {demo_spark.INSTALL})", file=out)
-    print(f"Data kept in {where} (`txmq topics list {data_dir}`; --delete removes it)." if keep
+    if not info.get("ran") and info.get("reason") != "--no-spark":
+        print(f"  ({info['reason']}; install with: {demo_spark.INSTALL})", file=out)
+    print(f"Data kept in {where} (`txmq topics list {data_dir}`; --delete removes it)." if result["kept"]
           else "Data deleted (--delete).", file=out)
-    print(f"{seconds:.1f} s, seed {seed}: demo {'passed' if ok else 'FAILED'}", file=out)
-    return exits.OK if ok else exits.PROBLEMS
+    print(f"{result['seconds']:.1f} s, seed {result['seed']}: demo {'passed' if result['ok'] else 'FAILED'}",
+          file=out)

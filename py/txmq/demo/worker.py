@@ -1,12 +1,12 @@
 """The processes ``txmq demo`` kills: how the demo starts, watches and
 SIGKILLs them, and their entry point.
 
-    python -m txmq.cli.demo_worker bank DIR SEED REQUESTS RUN
-    python -m txmq.cli.demo_worker windows DIR RUN
+    python -m txmq.demo.worker bank DIR SEED REQUESTS RUN
+    python -m txmq.demo.worker windows DIR RUN
 
 A worker opens the data directory (it is the broker's one writer while it
-runs), does its scenario's work (:mod:`txmq.cli.demo_bank`,
-:mod:`txmq.cli.demo_windows`) and reports on stdout, one whole line per
+runs), does its scenario's work (:mod:`txmq.demo.bank`,
+:mod:`txmq.demo.windows`) and reports on stdout, one whole line per
 ``os.write`` so that a kill cuts at most the last line:
 
 - ``READY <json>``: the broker is open; what opening it recovered;
@@ -28,6 +28,7 @@ import time
 import traceback
 
 import txmq
+from txmq.demo import bank, windows
 
 STATUS_S = 0.05
 ERROR_EXIT = 3
@@ -66,7 +67,7 @@ class Worker:
         env = dict(os.environ)
         here = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
         env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [env.get("PYTHONPATH")] if p])
-        self.argv = [sys.executable, "-m", "txmq.cli.demo_worker", *map(str, argv)]
+        self.argv = [sys.executable, "-m", "txmq.demo.worker", *map(str, argv)]
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.ready = None
         self.status: dict = {}
@@ -160,15 +161,13 @@ def run_and_kill(argv: list, when_cb, progress_cb=None) -> dict:
 
 
 def main(argv: list) -> int:
-    from txmq.cli import demo_bank, demo_windows
-
     try:
         scenario, args = argv[0], argv[1:]
         if scenario == "bank":
             data, seed, requests, run = args[0], int(args[1]), int(args[2]), int(args[3])
-            demo_bank.worker(data, seed, requests, run, Reporter())
+            bank.worker(data, seed, requests, run, Reporter())
         elif scenario == "windows":
-            demo_windows.worker(args[0], int(args[1]), Reporter())
+            windows.worker(args[0], int(args[1]), Reporter())
         else:
             raise ValueError(f"unknown scenario {scenario!r}")
     except BaseException:

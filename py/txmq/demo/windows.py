@@ -24,7 +24,8 @@ import json
 import random
 
 import txmq
-from txmq.cli.demo_bank import drain
+from txmq.demo.bank import drain
+from txmq.functions import Function, Tumbling
 
 INPUTS = ("shop.web-orders", "shop.store-orders")
 OUTPUT = "shop.sales-totals"
@@ -93,7 +94,6 @@ def _lag(broker) -> int:
 
 
 def worker(data: str, run: int, report) -> None:
-    from txmq.functions import Function, Tumbling
 
     broker = txmq.Broker(data, fsync=FSYNC)
     report.line("READY", {"run": run, "recovered": broker.stats()["transactions"]["recovered"]})

@@ -2,7 +2,7 @@
 directory with Spark, and, when ``pyspark`` and the ``pyspark_txmq`` data
 source are installed, doing it.
 
-The read runs in its own process (``python -m txmq.cli.demo_spark DIR
+The read runs in its own process (``python -m txmq.demo.spark DIR
 TOPIC``): Spark starts a JVM and Python workers, and none of that should
 outlive the step or share the demo's process. That process prints one
 ``RESULT <json>`` line: ``{"count", "rows": [...]}`` or ``{"error"}``.
@@ -41,7 +41,7 @@ def read(data_dir: str, topic: str) -> dict:
     here = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [env.get("PYTHONPATH")] if p])
     try:
-        r = subprocess.run([sys.executable, "-m", "txmq.cli.demo_spark", os.path.abspath(data_dir), topic],
+        r = subprocess.run([sys.executable, "-m", "txmq.demo.spark", os.path.abspath(data_dir), topic],
                            capture_output=True, env=env, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"error": f"Spark did not finish in {TIMEOUT_S:.0f} s"}
