@@ -15,7 +15,7 @@ import txmq
 from txmq._log import BatchSpec
 from txmq.errors import (DuplicateSequenceError, InvalidArgumentError, InvalidTxnStateError,
                          OutOfOrderSequenceError, ProducerFencedError)
-from txmq.partition import Partition
+from txmq.storage.partition import Partition
 
 
 @pytest.fixture
@@ -458,7 +458,7 @@ def test_checkpoint_after_the_batch_effects(tmp_path, monkeypatch):
     leave it) finds both."""
     import shutil
 
-    import txmq.partition as P
+    import txmq.storage.partition as P
     from txmq.txn import TxnID
 
     monkeypatch.setattr(P, "CHECKPOINT_BYTES", 1)          # every append checkpoints

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import txmq
-from txmq import partition as partition_mod
+from txmq.storage import partition as partition_mod
 from txmq.errors import CorruptLogError
 
 
@@ -188,7 +188,7 @@ def test_failed_fan_out_is_retried_until_it_succeeds(tmp_path, monkeypatch):
     commit() returns once the decision is durable, and the broker's retry
     timer finishes the fan-out."""
     import time
-    from txmq.partition import Partition
+    from txmq.storage.partition import Partition
 
     real = Partition.end_txn
     failures = {"left": 3}

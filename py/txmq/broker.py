@@ -54,7 +54,8 @@ from txmq import crashpoints, datadir
 from txmq.files import sync_dir, write_json
 from txmq.half import HalfProducer, HalfStore
 from txmq.ingest import Ingester, clean_staging
-from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription
+from txmq.storage.delivery import ISOLATIONS
+from txmq.subscription import POSITIONS, TYPES, Subscription
 from txmq.topic import Topic, check_subscription_name, check_topic_name
 from txmq.transaction import Transaction
 from txmq.transactional import TransactionalProducer

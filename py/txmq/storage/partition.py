@@ -42,15 +42,10 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
-from dataclasses import dataclass
 
-import numpy as np
-
-from txmq._log import (FIELD_OFFSETS, FLAG, HEADER_SIZE_BYTES, MAGIC, VERSION, BatchSpec, Segment,
-                       SegmentClosedError, crc32c_of)
+from txmq._log import FLAG, BatchSpec, Segment, SegmentClosedError
 from txmq._producers import DUPLICATE, FENCED, OUT_OF_ORDER, ProducerStates
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
 from txmq._redolog import sync_dir
@@ -58,75 +53,33 @@ from txmq._txn import AbortSet, OngoingQueue
 from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, MessageTooLargeError,
                          OutOfOrderSequenceError, ProducerFencedError)
 from txmq.files import write_atomic
+from txmq.storage.delivery import never_delivered, undelivered
+from txmq.storage.index import append_index, index_problem, rewrite_index
+from txmq.storage.layout import (PRODUCERS_FILE, RECOVERY_POINT_FILE, SEGMENT_FILES, SEGMENT_SUFFIX,
+                                 TXNBUF_FILE, TXNBUF_HAS_TXN_DATA, TXNINDEX_ENTRY, TXNINDEX_SUFFIX, is_leftover,
+                                 producer_snapshot_bytes, read_producer_snapshot, read_txn_snapshot,
+                                 recovery_point_bytes, segment_file, txn_snapshot_bytes, txnindex_bytes,
+                                 txnindex_entries)
+from txmq.storage.loader import WRITER, Dropped, LogLoader
+from txmq.storage.txnbuffer import MARKER_FLAGS, end_in_buffer, replay_txn_header
 from txmq.txn import TxnID
 
 log = logging.getLogger("txmq.partition")
-
-SEGMENT_SUFFIX = ".log"
-SEGMENT_FILES = (SEGMENT_SUFFIX, ".index", ".timeindex", ".txnindex")   # deleted together
-INDEX_ENTRY = np.dtype([("a", "<i8"), ("b", "<i8")])
-# index_problem reads these batch-header fields as 8-byte words of the
-# mapping: magic and version share word 0, the others are words of their own.
-_HEAD_WORD = MAGIC | VERSION << 32
-_HEAD_MASK = 0xFF_FFFF_FFFF
-_BASE_OFFSET_WORD = FIELD_OFFSETS["base_offset"] // 8
-_PUBLISH_TIME_WORD = FIELD_OFFSETS["publish_time"] // 8
-assert FIELD_OFFSETS["magic"] == 0 and FIELD_OFFSETS["version"] == 4
-assert FIELD_OFFSETS["base_offset"] % 8 == 0 and FIELD_OFFSETS["publish_time"] % 8 == 0
-
-# recovery-point: magic, version, 3 reserved, segment base, position,
-# next offset, crc32c of the 32 bytes before it, 4 reserved.
-RECOVERY_POINT = struct.Struct("<4sB3xqqqI4x")
-RECOVERY_POINT_MAGIC = b"TXRP"
-RECOVERY_POINT_VERSION = 1
-assert RECOVERY_POINT.size == 40
 
 # Bytes appended between two recovery points; bounds the scan on reopen.
 CHECKPOINT_BYTES = 16 * 1024 * 1024
 
 TRANSACTIONAL = FLAG["transactional"]
-MARKER_FLAGS = {True: FLAG["transactional"] | FLAG["control"] | FLAG["marker_commit"],
-                False: FLAG["transactional"] | FLAG["control"] | FLAG["marker_abort"]}
-MARKER_ABORT = FLAG["marker_abort"]
 
-# txnbuffer.snap: magic, version, flags, 2 reserved, replay-from offset, then
-# the ongoing and aborted tables (_txn to_bytes), then crc32c of all before it.
-TXNBUF_MAGIC = b"TXTB"
-TXNBUF_VERSION = 1
-TXNBUF_HEAD = struct.Struct("<4sBB2xq")
-TXNBUF_HAS_TXN_DATA = 1      # flags: the log has held transactional batches
 # A snapshot is written after this many transactions ended here (or as many
 # as are open, if more), or by the broker's timer when anything changed.
 SNAPSHOT_EVERY_TXNS = 1000
-
-# producers.snap: magic, version, 3 reserved, replay-from offset, the
-# producer table (_producers to_bytes), crc32c of all before it.
-PRODUCERS_MAGIC = b"TXPS"
-PRODUCERS_VERSION = 1
-PRODUCERS_HEAD = struct.Struct("<4sB3xq")
-
-# <base>.txnindex entry: txn hi, txn lo, producer id, first offset, marker
-# offset, crc32c of the 40 bytes before it, 4 reserved.
-TXNINDEX_ENTRY = struct.Struct("<QQqqqI4x")
-assert TXNINDEX_ENTRY.size == 48
 
 DEFAULT_PRODUCER_EXPIRATION_MS = 7 * 24 * 3600 * 1000
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass
-class Dropped:
-    """What opening a partition cut off: a torn or corrupt tail."""
-
-    path: str
-    position: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.path} at byte {self.position}: {self.reason}"
 
 
 class Partition:
@@ -178,7 +131,7 @@ class Partition:
     # -- names ---------------------------------------------------------------
 
     def _file(self, base: int, suffix: str) -> str:
-        return os.path.join(self.path, f"{base:020d}{suffix}")
+        return segment_file(self.path, base, suffix)
 
     @property
     def segments(self) -> tuple:
@@ -221,62 +174,21 @@ class Partition:
     # -- opening and recovery ------------------------------------------------
 
     def _open(self) -> None:
-        bases = sorted(int(n[:-len(SEGMENT_SUFFIX)]) for n in os.listdir(self.path)
-                       if n.endswith(SEGMENT_SUFFIX) and n[:-len(SEGMENT_SUFFIX)].isdigit())
-        if not bases:
+        """Load the segments (``txmq.storage.loader``, writer mode: a torn
+        tail is cut, a bad index rebuilt, a gap refused), then make what
+        was kept durable and claim it with a recovery point."""
+        loader = LogLoader(self.path, WRITER, segment_bytes_max=self.segment_bytes_max,
+                           index_interval_bytes=self.index_interval_bytes, fsync=self.fsync, report=self._report)
+        segments = loader.load()
+        self._index_written = loader.index_written
+        if not segments:
             seg = Segment(self._file(0, SEGMENT_SUFFIX), 0, self.segment_bytes_max, True,
                           self.index_interval_bytes)
             seg.recover(0, 0)
-            _touch(self._file(0, ".txnindex"))
+            _touch(self._file(0, TXNINDEX_SUFFIX))
             self._segments = (seg,)
             self._write_recovery_point()
             return
-        cp = self._read_recovery_point(bases)
-        segments = []
-        for i, base in enumerate(bases):
-            last = i == len(bases) - 1
-            next_base = bases[i + 1] if not last else None
-            scan_from = None              # None: trust the file up to its size
-            if cp is None:
-                scan_from = (0, base)
-            elif base == cp[0]:
-                scan_from = (cp[1], cp[2])
-            elif base > cp[0]:
-                scan_from = (0, base)
-            writable = last or scan_from is not None
-            seg = Segment(self._file(base, SEGMENT_SUFFIX), base,
-                          self.segment_bytes_max if last else 0, writable, self.index_interval_bytes)
-            segments.append(seg)
-            if scan_from is None:
-                self._adopt_index(seg, seg.file_size, next_base)
-                continue
-            pos, next_offset = scan_from
-            if pos and not self._adopt_index(seg, pos, next_offset, partial=True):
-                pos, next_offset = 0, base
-            bad = seg.recover(pos, next_offset)
-            if bad is not None:
-                self._report(Dropped(seg.path, bad[0], bad[1]))
-                # Offsets must stay dense: nothing after a cut survives.
-                for later in bases[i + 1:]:
-                    self._report(Dropped(self._file(later, SEGMENT_SUFFIX), 0,
-                                         "segment after a truncated one"))
-                    for suffix in SEGMENT_FILES:
-                        _unlink(self._file(later, suffix))
-                if not last:
-                    seg.close(trim=True)
-                    segments[-1] = Segment(seg.path, base, self.segment_bytes_max, True,
-                                           self.index_interval_bytes)
-                    segments[-1].recover(0, base)
-                self._rewrite_index(segments[-1])
-                break
-            if next_base is not None and seg.next_offset != next_base:
-                raise CorruptLogError(seg.path, seg.size,
-                                      f"segment ends at offset {seg.next_offset}, next one starts at {next_base}")
-            self._rewrite_index(seg)
-            if not last:
-                seg.seal()
-                if self.fsync != "never":
-                    seg.sync_file()      # rescanned: durable before a recovery point trusts it
         self._segments = tuple(segments)
         self.last_publish_time = max((s.last_publish_time for s in segments), default=0)
         if self.fsync != "never":
@@ -332,30 +244,10 @@ class Partition:
         self.dropped.append(dropped)
         log.warning("txmq: truncated %s", dropped)
 
-    def _read_recovery_point(self, bases):
-        path = os.path.join(self.path, "recovery-point")
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(RECOVERY_POINT.size)
-        except OSError:
-            return None
-        try:
-            base, pos, next_offset = parse_recovery_point(path, raw, bases)
-        except CorruptLogError as e:
-            if len(raw) == RECOVERY_POINT.size:      # shorter: its first write, cut short
-                self._report(Dropped(path, e.position, f"invalid recovery point ({e.reason}); "
-                                                       f"scanning every segment"))
-            return None
-        if pos > os.path.getsize(self._file(base, SEGMENT_SUFFIX)):
-            return None
-        return base, pos, next_offset
-
     def _write_recovery_point(self) -> None:
         seg = self.active
-        body = RECOVERY_POINT.pack(RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION,
-                                   seg.base_offset, seg.size, seg.next_offset, 0)[:32]
-        raw = body + struct.pack("<I4x", crc32c_of(body))
-        fd = os.open(os.path.join(self.path, "recovery-point"), os.O_WRONLY | os.O_CREAT, 0o644)
+        raw = recovery_point_bytes(seg.base_offset, seg.size, seg.next_offset)
+        fd = os.open(os.path.join(self.path, RECOVERY_POINT_FILE), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, raw, 0)
         finally:
@@ -364,62 +256,12 @@ class Partition:
 
     # -- index files ---------------------------------------------------------
 
-    def _adopt_index(self, seg: Segment, size: int, next_offset: int, partial: bool = False) -> bool:
-        """Load the on-disk indexes of a segment known good up to ``size``
-        (below ``next_offset``).
-
-        A trusted segment whose indexes fail :func:`index_problem` (order,
-        range, the first and last entries' batches; the background
-        :meth:`scrub_indexes` checks every entry) is rescanned and its
-        indexes rebuilt; one whose index file ends in a torn entry has them
-        rewritten. For a ``partial`` adoption (the caller scans the rest
-        and rewrites them) a failure returns False and the caller scans
-        from byte 0."""
-        index, timeindex = self._file(seg.base_offset, ".index"), self._file(seg.base_offset, ".timeindex")
-        off = _load_entries(index)
-        tix = _load_entries(timeindex)
-        if partial:
-            off = off[off["b"] < size] if off is not None else None
-            if tix is not None and off is not None:
-                limit = off["a"][-1] if len(off) else seg.base_offset
-                tix = tix[tix["b"] <= limit]
-        problem = None if off is not None and tix is not None else "missing"
-        if problem is None:
-            found = index_problem(seg, off["a"], off["b"], tix["a"], tix["b"], size, next_offset,
-                                  every_header=False)
-            if found is not None:
-                problem = f"{found[0]} entry {found[1]}: {found[2]}"
-        if problem is None:
-            seg.load_index(off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
-            self._index_written[seg.base_offset] = (len(off), len(tix))
-            if not partial and (_torn(index) or _torn(timeindex)):
-                self._rewrite_index(seg)
-            return True
-        if partial:
-            return False
-        # Missing or damaged index of a segment we trust: rebuild by scanning.
-        if (off is not None or tix is not None) or size:
-            self._report(Dropped(index, 0, f"{problem}; index rebuilt from its segment"))
-        bad = seg.recover(0, seg.base_offset)
-        if bad is not None:
-            raise CorruptLogError(seg.path, bad[0], bad[1])
-        self._rewrite_index(seg)
-        return True
-
     def _rewrite_index(self, seg: Segment) -> None:
-        offs, poss, ts, toffs = seg.index_entries()
-        _write_entries(self._file(seg.base_offset, ".index"), offs, poss, truncate=True)
-        _write_entries(self._file(seg.base_offset, ".timeindex"), ts, toffs, truncate=True)
-        self._index_written[seg.base_offset] = (len(offs), len(ts))
+        self._index_written[seg.base_offset] = rewrite_index(self.path, seg)
 
     def _append_index(self, seg: Segment) -> None:
-        offs, poss, ts, toffs = seg.index_entries()
-        n_off, n_ts = self._index_written.get(seg.base_offset, (0, 0))
-        if n_off > len(offs) or n_ts > len(ts):
-            return self._rewrite_index(seg)
-        _write_entries(self._file(seg.base_offset, ".index"), offs[n_off:], poss[n_off:])
-        _write_entries(self._file(seg.base_offset, ".timeindex"), ts[n_ts:], toffs[n_ts:])
-        self._index_written[seg.base_offset] = (len(offs), len(ts))
+        self._index_written[seg.base_offset] = append_index(self.path, seg,
+                                                            self._index_written.get(seg.base_offset, (0, 0)))
 
     # -- appending -----------------------------------------------------------
 
@@ -632,7 +474,7 @@ class Partition:
         holds its marker (partition lock held)."""
         base = self._segment_base(entry[4])
         with open(self._file(base, ".txnindex"), "ab") as f:
-            f.write(_txnindex_bytes([entry]))
+            f.write(txnindex_bytes([entry]))
         self._txnindex.setdefault(base, []).append(entry)
         self._txnindex_dirty.add(base)
 
@@ -663,7 +505,7 @@ class Partition:
                     _touch(path)           # the replay writes what belongs in it
                 continue
             keep, n = [], len(raw) // TXNINDEX_ENTRY.size
-            entries, bad = _txnindex_entries(raw)
+            entries, bad = txnindex_entries(raw)
             for i, entry in enumerate(entries):
                 if not seg.base_offset <= entry[4] < seg.next_offset:
                     bad = i
@@ -686,7 +528,7 @@ class Partition:
                 self._txnindex[seg.base_offset] = entries
 
     def _write_txnindex(self, base: int, entries: list) -> None:
-        write_atomic(self._file(base, ".txnindex"), _txnindex_bytes(entries), fsync=self.fsync != "never")
+        write_atomic(self._file(base, ".txnindex"), txnindex_bytes(entries), fsync=self.fsync != "never")
 
     def _sync_txnindex(self) -> None:
         """fsync the .txnindex files written since the last call (partition
@@ -734,20 +576,20 @@ class Partition:
         that never held a transaction."""
         if not self.txn_seen or end <= start:
             return 0
-        n = 0
-        seg, pos = self.segment_for(start)
         try:
-            while seg is not None:
-                info = seg.batch_at(pos)
-                if info.base_offset >= end:
-                    break
-                if self.never_delivered(info, skip_aborted):
-                    a, b = max(start, info.base_offset), min(end, info.next_offset)
-                    n += b - a - (acked.count_in(a, b) if acked is not None else 0)
-                seg, pos = self.next_batch(seg, pos)
+            return undelivered(self._headers(start, end), start, end, self.aborted, skip_aborted, acked)
         except SegmentClosedError:   # retention moved the start: count what is left
             return self.undeliverable(max(start, self.start_offset), end, skip_aborted, acked)
-        return n
+
+    def _headers(self, start: int, end: int):
+        """The headers of the batches holding an offset in [start, end)."""
+        seg, pos = self.segment_for(start)
+        while seg is not None:
+            info = seg.batch_at(pos)
+            if info.base_offset >= end:
+                return
+            yield info
+            seg, pos = self.next_batch(seg, pos)
 
     # -- snapshots: the transaction buffer and the producer table ------------------
 
@@ -759,15 +601,14 @@ class Partition:
                 return False
             self._sync_txnindex()          # the snapshot's offset vouches for the entries below it
             body = self._txn_snapshot_body()
-        self._write_snapshot("txnbuffer.snap", body)
+        self._write_snapshot(TXNBUF_FILE, body)
         return True
 
     def _txn_snapshot_body(self) -> bytes:
         """The snapshot of the buffer as of the log end (partition lock held)."""
         flags = TXNBUF_HAS_TXN_DATA if self.txn_seen else 0
         self._ended_since_snapshot = 0
-        return _sealed(TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, flags, self.end_offset)
-                       + self.ongoing.to_bytes() + self.aborted.to_bytes())
+        return txn_snapshot_bytes(flags, self.end_offset, self.ongoing, self.aborted)
 
     def expire_producers(self) -> int:
         """Forget the producer ids whose last batch here is older than
@@ -794,11 +635,9 @@ class Partition:
         far durable: a recovery point may now trust all three (partition
         lock held)."""
         self._sync_txnindex()
-        self._write_snapshot("txnbuffer.snap", self._txn_snapshot_body())
+        self._write_snapshot(TXNBUF_FILE, self._txn_snapshot_body())
         self._expire_producers()
-        self._write_snapshot("producers.snap", _sealed(
-            PRODUCERS_HEAD.pack(PRODUCERS_MAGIC, PRODUCERS_VERSION, self.end_offset)
-            + self.producers.to_bytes()))
+        self._write_snapshot(PRODUCERS_FILE, producer_snapshot_bytes(self.end_offset, self.producers))
 
     def _write_snapshot(self, name: str, raw: bytes) -> None:
         # Any snapshot within the log is a correct starting point, so
@@ -806,44 +645,36 @@ class Partition:
         write_atomic(os.path.join(self.path, name), raw, fsync=self.fsync != "never",
                      tmp_suffix=f".{threading.get_ident()}.tmp")
 
-    def _read_snapshot(self, name: str, magic: bytes, version: int, head: struct.Struct, parse):
-        """``(header fields, parse(tables))`` of snapshot ``name`` when its
-        CRC, magic and version check and its offset (the last header field)
-        lies in the log; otherwise None (a damaged one is reported)."""
+    def _read_snapshot(self, read, name: str):
+        """What ``read`` (``layout.read_txn_snapshot``,
+        ``read_producer_snapshot``) makes of snapshot ``name`` when its
+        CRC, magic and version check and its offset (the last header
+        field) lies in the log; otherwise None (a damaged one is reported)."""
         path = os.path.join(self.path, name)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return None
-        try:
-            fields, tables = parse_snapshot(path, raw, magic, version, head, parse)
+            snap = read(path)
         except CorruptLogError as e:
             self._report(Dropped(path, e.position, f"snapshot unusable ({e.reason}); rebuilt from the log"))
             return None
-        if not self.start_offset <= fields[-1] <= self.end_offset:
+        if snap is None or not self.start_offset <= snap[0][-1] <= self.end_offset:
             # Taken past a tail that recovery cut, or before retention
             # deleted what it starts from: rebuild from the log.
             return None
-        return fields, tables
+        return snap
 
     def _recover_txn_buffer(self) -> None:
         """Load the transaction-buffer and producer snapshots and replay the
         batch headers after them; load the .txnindex files."""
         for name in os.listdir(self.path):
-            if name.endswith(".tmp") and (name.startswith(("txnbuffer.snap.", "producers.snap."))
-                                          or name.endswith((".index.tmp", ".timeindex.tmp", ".txnindex.tmp"))):
+            if is_leftover(name):
                 _unlink(os.path.join(self.path, name))      # a write a crash cut short
-        had_snapshots = all(os.path.exists(os.path.join(self.path, n))
-                            for n in ("txnbuffer.snap", "producers.snap"))
-        txn_snap = self._read_snapshot("txnbuffer.snap", TXNBUF_MAGIC, TXNBUF_VERSION, TXNBUF_HEAD,
-                                       _parse_txn_tables)
+        had_snapshots = all(os.path.exists(os.path.join(self.path, n)) for n in (TXNBUF_FILE, PRODUCERS_FILE))
+        txn_snap = self._read_snapshot(read_txn_snapshot, TXNBUF_FILE)
         txn_from = prod_from = self.start_offset
         if txn_snap is not None:
             (_, _, flags, txn_from), (self.ongoing, self.aborted) = txn_snap
             self.txn_seen = bool(flags & TXNBUF_HAS_TXN_DATA)
-        prod_snap = self._read_snapshot("producers.snap", PRODUCERS_MAGIC, PRODUCERS_VERSION,
-                                        PRODUCERS_HEAD, _parse_producer_table)
+        prod_snap = self._read_snapshot(read_producer_snapshot, PRODUCERS_FILE)
         if prod_snap is not None:
             (_, _, prod_from), self.producers = prod_snap
         self._load_txnindex(txn_from)
@@ -1080,128 +911,6 @@ class Partition:
         }
 
 
-def end_in_buffer(ongoing, aborted, hi: int, lo: int, commit: bool, marker_offset: int) -> int:
-    """Transaction (hi, lo) ended at its marker: an aborted one enters
-    ``aborted`` before it leaves ``ongoing`` (lock-free readers: the module
-    docstring). Returns its first offset when it aborted, else -1."""
-    first = -1
-    if not commit:
-        first = ongoing.first_offset_of(hi, lo)
-        aborted.add(hi, lo, first, marker_offset)
-    ongoing.remove(hi, lo)
-    return first
-
-
-def replay_txn_header(info, ongoing, aborted) -> int:
-    """What one transactional batch header does to a transaction buffer
-    when the log is replayed (recovery, and read-only views): a data batch
-    opens its transaction unless it has aborted; a marker ends an open
-    one. Returns the first offset of a transaction the marker aborted,
-    else -1."""
-    hi, lo = info.txn_hi, info.txn_lo
-    if info.is_control:
-        if ongoing.contains(hi, lo):
-            return end_in_buffer(ongoing, aborted, hi, lo, not info.flags & MARKER_ABORT, info.base_offset)
-    elif not aborted.contains(hi, lo):
-        ongoing.add(hi, lo, info.base_offset, info.publish_time)
-    return -1
-
-
-def never_delivered(info, aborted, skip_aborted: bool) -> bool:
-    """A marker, or (with ``skip_aborted``, READ_COMMITTED) a batch of an
-    aborted transaction: what no subscription or reader delivers."""
-    return bool(info.flags & TRANSACTIONAL) and (
-        info.is_control or (skip_aborted and aborted.contains(info.txn_hi, info.txn_lo)))
-
-
-def _sealed(body: bytes) -> bytes:
-    """``body`` followed by its crc32c: a snapshot file's bytes."""
-    return body + struct.pack("<I", crc32c_of(body))
-
-
-def _txnindex_bytes(entries) -> bytes:
-    """.txnindex entries (hi, lo, producer id, first, marker), each sealed
-    with the CRC of its first 40 bytes."""
-    out = []
-    for entry in entries:
-        body = TXNINDEX_ENTRY.pack(*entry, 0)[:40]
-        out.append(body + struct.pack("<I4x", crc32c_of(body)))
-    return b"".join(out)
-
-
-def _txnindex_entries(raw: bytes):
-    """(entries, bad) of .txnindex bytes: the entries (hi, lo, producer id,
-    first, marker) up to the first that fails its CRC, and that one's
-    number (None when every whole entry passes; a torn last one is left
-    out). Whether an entry's marker is in its segment is the caller's
-    question: opening cuts the file at the first that is not."""
-    out = []
-    size = TXNINDEX_ENTRY.size
-    for i in range(len(raw) // size):
-        *entry, crc = TXNINDEX_ENTRY.unpack_from(raw, i * size)
-        if crc != crc32c_of(raw[i * size:i * size + 40]):
-            return out, i
-        out.append(tuple(entry))
-    return out, None
-
-
-def parse_recovery_point(path: str, raw: bytes, bases) -> tuple:
-    """(segment base, position, next offset) of recovery-point bytes ``raw``
-    of a partition whose segments start at ``bases``; CorruptLogError (at
-    the byte it is about) when they are not a sound one. Whether the
-    position lies in its segment is the caller's to check."""
-    if len(raw) < RECOVERY_POINT.size:
-        raise CorruptLogError(path, len(raw), f"{len(raw)} bytes, expected {RECOVERY_POINT.size}")
-    magic, version, base, pos, next_offset, crc = RECOVERY_POINT.unpack_from(raw)
-    if magic != RECOVERY_POINT_MAGIC:
-        raise CorruptLogError(path, 0, f"bad magic {magic!r}")
-    if version != RECOVERY_POINT_VERSION:
-        raise CorruptLogError(path, 4, f"unknown version {version}")
-    if crc != crc32c_of(raw[:32]):
-        raise CorruptLogError(path, 32, "CRC mismatch")
-    if base not in bases:
-        raise CorruptLogError(path, 8, f"names segment {base}, which does not exist")
-    if pos < 0 or next_offset < base:
-        raise CorruptLogError(path, 16, f"position {pos} or next offset {next_offset} is out of range")
-    return base, pos, next_offset
-
-
-def parse_snapshot(path: str, raw: bytes, magic: bytes, version: int, head: struct.Struct, parse_tables):
-    """(header fields, parse_tables(tables)) of the bytes ``raw`` of a
-    snapshot file (txnbuffer.snap, producers.snap: ``head``, the tables,
-    a crc32c of all before it); CorruptLogError (at the byte it is about)
-    when they fail a check. Whether its offset, the last header field,
-    lies in the log is the caller's to check."""
-    if len(raw) < head.size + 8:
-        raise CorruptLogError(path, len(raw), "shorter than its header and CRC")
-    if struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
-        raise CorruptLogError(path, len(raw) - 4, "CRC mismatch")
-    fields = head.unpack_from(raw)
-    if fields[0] != magic:
-        raise CorruptLogError(path, 0, f"bad magic {fields[0]!r}")
-    if fields[1] != version:
-        raise CorruptLogError(path, 4, f"unknown version {fields[1]}")
-    try:
-        return fields, parse_tables(raw[head.size:-4])
-    except (ValueError, OverflowError, struct.error) as e:
-        raise CorruptLogError(path, head.size, f"tables do not parse: {e}") from None
-
-
-def _parse_txn_tables(body: bytes):
-    ongoing, n = OngoingQueue.from_bytes(body)
-    aborted, m = AbortSet.from_bytes(body[n:])
-    if n + m != len(body):
-        raise ValueError("stray bytes after the tables")
-    return ongoing, aborted
-
-
-def _parse_producer_table(body: bytes):
-    table, n = ProducerStates.from_bytes(body)
-    if n != len(body):
-        raise ValueError("stray bytes after the producer table")
-    return table
-
-
 def _retrying(fn, arg):
     """Run a lock-free read again when retention closed a segment under it
     (the next attempt sees the new segment list)."""
@@ -1226,121 +935,3 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _load_entries(path: str):
-    try:
-        raw = np.fromfile(path, dtype=np.uint8)
-    except (FileNotFoundError, ValueError):
-        return None
-    if len(raw) % INDEX_ENTRY.itemsize:
-        raw = raw[: len(raw) - len(raw) % INDEX_ENTRY.itemsize]  # torn last entry
-    return raw.view(INDEX_ENTRY)
-
-
-def _write_entries(path: str, a, b, truncate: bool = False) -> None:
-    """Append entries to an index file, or (``truncate``) replace it whole,
-    atomically: a kill mid-rewrite must not leave it empty or short."""
-    entries = np.empty(len(a), INDEX_ENTRY)
-    entries["a"] = a
-    entries["b"] = b
-    if truncate:
-        write_atomic(path, entries.tobytes(), fsync=False)   # derived data: rebuilt if lost
-        return
-    with open(path, "ab") as f:
-        f.write(entries.tobytes())
-
-
-def _torn(path: str) -> bool:
-    """Whether an index file ends in part of an entry (a write cut short)."""
-    try:
-        return os.path.getsize(path) % INDEX_ENTRY.itemsize != 0
-    except FileNotFoundError:
-        return False
-
-
-def index_problem(seg: Segment, offsets, positions, timestamps, time_offsets, size: int | None = None,
-                  next_offset: int | None = None, every_header: bool = True):
-    """The first wrong entry of a segment's offset index (``offsets``,
-    ``positions``) or time index (``timestamps``, ``time_offsets``), as
-    (".index" or ".timeindex", entry number, reason), or None when every
-    entry names, in increasing order, a batch of ``seg`` below ``size``
-    bytes and ``next_offset`` (default: the segment's) as it says: the
-    batch header at that position holds that base offset (and that
-    publish time), and a time entry's offset is one the offset index
-    names (the broker makes both entries of a batch together).
-
-    One predicate for ``Partition.verify``, ``Partition.scrub_indexes``
-    (which rebuilds an index that has a problem, in the background) and
-    ``txmq check`` (which calls it repairable). It reads the headers of the
-    named batches through the segment's mapping in one vectorized pass,
-    without their CRCs. Opening passes ``every_header=False``: order and
-    range of every entry, the headers of the first and last only, so that
-    opening touches a page or two of a sealed segment, not one every
-    ``index_interval_bytes`` (reopening must not grow with the log). A read
-    checks the batch an entry names before it uses it
-    (``Segment._idx_entry_ok``) and bypasses an entry that fails."""
-    size = seg.size if size is None else size
-    next_offset = seg.next_offset if next_offset is None else next_offset
-    offs, poss = np.asarray(offsets, np.int64), np.asarray(positions, np.int64)
-    ts, toffs = np.asarray(timestamps, np.int64), np.asarray(time_offsets, np.int64)
-    if not len(offs) and not len(ts):
-        return None
-    words = (np.frombuffer(seg.mapping, np.uint64, size // 8)
-             if size >= HEADER_SIZE_BYTES and seg.mapping is not None else np.empty(0, np.uint64))
-    try:
-        wrong = ((offs < seg.base_offset) | (offs >= next_offset) | (poss < 0) | (poss % 8 != 0)
-                 | (poss + HEADER_SIZE_BYTES > size))
-        wrong[1:] |= (np.diff(offs) <= 0) | (np.diff(poss) <= 0)
-        at = np.where(wrong, 0, poss // 8)
-        look = _ends(len(offs), every_header)
-        if len(words):
-            wrong[look] |= (((words[at[look]] & _HEAD_MASK) != _HEAD_WORD)
-                            | (words[at[look] + _BASE_OFFSET_WORD].view(np.int64) != offs[look]))
-        if wrong.any():
-            i = int(np.argmax(wrong))
-            off, pos = int(offs[i]), int(poss[i])
-            if i and not (off > offs[i - 1] and pos > poss[i - 1]):
-                why = f"does not increase on the one before ({int(offs[i - 1])}, {int(poss[i - 1])})"
-            elif pos + HEADER_SIZE_BYTES > size or off >= next_offset:
-                why = f"points past the last batch (byte {size}, offset {next_offset})"
-            else:
-                why = "points away from the batch of that offset"
-            return ".index", i, f"(offset {off}, position {pos}) {why}"
-        named = np.minimum(np.searchsorted(offs, toffs), max(len(offs) - 1, 0))
-        wrong = (toffs < seg.base_offset) | (toffs >= next_offset)
-        wrong[1:] |= (np.diff(ts) <= 0) | (np.diff(toffs) < 0)
-        if len(offs):
-            wrong |= offs[named] != toffs
-            if len(words):
-                look = _ends(len(ts), every_header)
-                at = np.where(wrong, 0, poss[named] // 8 + _PUBLISH_TIME_WORD)
-                wrong[look] |= words[at[look]].view(np.int64) != ts[look]
-        else:
-            wrong[:] = True
-        if wrong.any():
-            i = int(np.argmax(wrong))
-            t, off = int(ts[i]), int(toffs[i])
-            if i and not (t > ts[i - 1] and off >= toffs[i - 1]):
-                why = f"does not increase on the one before ({int(ts[i - 1])}, {int(toffs[i - 1])})"
-            else:
-                why = "names no indexed batch published at that time"
-            return ".timeindex", i, f"(time {t}, offset {off}) {why}"
-        return None
-    finally:
-        del words
-
-
-def _ends(n: int, every: bool):
-    """Which of ``n`` index entries :func:`index_problem` reads the header of."""
-    return slice(None) if every or n <= 2 else np.array([0, n - 1])
-
-
-def _monotone(entries) -> bool:
-    return bool(np.all(np.diff(entries["a"]) > 0) and np.all(np.diff(entries["b"]) >= 0))
-
-
-def _valid_entries(entries, base: int, size: int) -> bool:
-    if not len(entries):
-        return True
-    a, b = entries["a"], entries["b"]
-    return bool(a[0] >= base and b[0] >= 0 and b[-1] < size and np.all(np.diff(a) > 0)
-                and np.all(np.diff(b) > 0))
