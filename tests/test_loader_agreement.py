@@ -248,7 +248,7 @@ def _writer(pdir):
         return {"refused": (e.path, e.position)}
     try:
         headers = ((info, part.never_delivered(info, True), part.never_delivered(info, False))
-                   for info in part._headers(part.start_offset, part.end_offset))
+                   for info in part.headers(part.start_offset, part.end_offset))
         read, fault = _walk(headers, part.end_offset)
         cuts = [(d.path, d.position) for d in part.dropped if d.path.endswith(".log")]
         return {"start": part.start_offset, "end": part.end_offset, "lso": part.max_read_position,

@@ -458,10 +458,10 @@ def test_checkpoint_after_the_batch_effects(tmp_path, monkeypatch):
     leave it) finds both."""
     import shutil
 
-    import txmq.storage.partition as P
+    import txmq.storage.log as L
     from txmq.txn import TxnID
 
-    monkeypatch.setattr(P, "CHECKPOINT_BYTES", 1)          # every append checkpoints
+    monkeypatch.setattr(L, "CHECKPOINT_BYTES", 1)          # every append checkpoints
     part = Partition(tmp_path / "p", "t", 0, fsync="never")
     part.append(BatchSpec([b"a" * 100]), producer_id=3, base_sequence=0)
 

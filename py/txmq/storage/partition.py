@@ -1,38 +1,22 @@
-"""A partition: an append-only log of batches in rolling segment files.
+"""A partition: its log, transaction buffer and producer state, behind one
+lock, and the read view it publishes for other processes.
 
-Files in ``<data>/topics/<topic>/<p>/`` (docs/FORMAT.md has the bytes):
+Each concept has its module: ``txmq.storage.log`` (segments, indexes,
+recovery point, durability, lock-free reads: :class:`Partition` is a
+``SegmentLog``), ``txmq.storage.txnbuffer`` (open and aborted
+transactions, ``.txnindex``), ``txmq.storage.producer_state`` (idempotent
+producers), ``txmq.storage.retention`` (which segments may go). This
+module composes them: an append checks the producer state,
+enters a transaction in the buffer, writes the batch and publishes; a
+checkpoint writes the recovery point and then both snapshots
+(``txnbuffer.snap``, ``producers.snap``) as of the same log end; opening
+loads the log, then the snapshots, and replays the batch headers after the
+lower of their offsets.
 
-- ``<base>.log`` segments, ``<base>`` the 20-digit base offset;
-- ``<base>.index`` (offset, position) and ``<base>.timeindex``
-  (publish time, offset) sparse entries, appended as they are made durable;
-- ``recovery-point``: the segment, position and next offset below which the
-  log was checked and (in the fsync modes that promise it) made durable.
-  Opening scans only from there, so reopening costs the same however long
-  the log is.
-- ``txnbuffer.snap``: the transaction buffer (open transactions, aborted
-  ones) as of an offset; ``producers.snap``: the idempotent-producer table
-  as of an offset. Opening loads both and replays the batch headers after
-  the lower of the two offsets.
-- ``<base>.txnindex``: the aborted transactions whose ABORT marker is in
-  that segment, as (producer id, first offset, marker offset), Kafka's
-  .txnindex: what :meth:`Partition.aborted_transactions` answers from.
-- ``readview``: what another process may read without the lock (DESIGN.md
-  §8, ``txmq.readonly``): log start, log end, max_read_position, the
-  active segment's base and size. Published under the partition lock after
-  the bytes (and the .txnindex entry of an abort) it vouches for.
-
-The transaction buffer (DESIGN.md §3): ``ongoing`` holds the open
-transactions with data here in order of their first offset, and its head is
-``max_read_position``; ``aborted`` holds the aborted transactions that still
-have data in retained segments. A transaction's first batch is entered in
-``ongoing`` before its bytes become readable, and an aborted one enters
-``aborted`` before it leaves ``ongoing``, so a lock-free reader never sees
-an open or aborted batch below ``max_read_position`` unmarked.
-
-Idempotence (DESIGN.md §4): a batch with a producer id is checked against
-the producer table under the partition lock (``_producers.ProducerStates``):
-the next sequence is appended, a retried one returns the original offsets,
-anything else raises.
+``readview`` (DESIGN.md §8, ``txmq.readonly``): log start, log end,
+max_read_position, the active segment's base and size, published under the
+partition lock after the bytes (and the .txnindex entry of an abort) it
+vouches for.
 
 Appends take the partition lock; reads take no lock (a reader only looks
 below ``end_offset``, which moves after the bytes are in place).
@@ -40,228 +24,89 @@ below ``end_offset``, which moves after the bytes are in place).
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 
-from txmq._log import FLAG, BatchSpec, Segment, SegmentClosedError
-from txmq._producers import DUPLICATE, FENCED, OUT_OF_ORDER, ProducerStates
+from txmq._log import FLAG, BatchSpec, SegmentClosedError
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
-from txmq._redolog import sync_dir
-from txmq._txn import AbortSet, OngoingQueue
-from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, MessageTooLargeError,
-                         OutOfOrderSequenceError, ProducerFencedError)
+from txmq.errors import CorruptLogError
 from txmq.files import write_atomic
+from txmq.storage import retention
 from txmq.storage.delivery import never_delivered, undelivered
-from txmq.storage.index import append_index, index_problem, rewrite_index
-from txmq.storage.layout import (PRODUCERS_FILE, RECOVERY_POINT_FILE, SEGMENT_FILES, SEGMENT_SUFFIX,
-                                 TXNBUF_FILE, TXNBUF_HAS_TXN_DATA, TXNINDEX_ENTRY, TXNINDEX_SUFFIX, is_leftover,
-                                 producer_snapshot_bytes, read_producer_snapshot, read_txn_snapshot,
-                                 recovery_point_bytes, segment_file, txn_snapshot_bytes, txnindex_bytes,
-                                 txnindex_entries)
-from txmq.storage.loader import WRITER, Dropped, LogLoader
-from txmq.storage.txnbuffer import MARKER_FLAGS, end_in_buffer, replay_txn_header
-from txmq.txn import TxnID
-
-log = logging.getLogger("txmq.partition")
-
-# Bytes appended between two recovery points; bounds the scan on reopen.
-CHECKPOINT_BYTES = 16 * 1024 * 1024
+from txmq.storage.layout import (PRODUCERS_FILE, READVIEW_FILE, TXNBUF_FILE, is_leftover, read_producer_snapshot,
+                                 read_txn_snapshot)
+from txmq.storage.loader import Dropped
+from txmq.storage.log import SegmentLog
+from txmq.storage.producer_state import DEFAULT_PRODUCER_EXPIRATION_MS, ProducerState
+from txmq.storage.txnbuffer import MARKER_FLAGS, TxnBuffer
 
 TRANSACTIONAL = FLAG["transactional"]
-
-# A snapshot is written after this many transactions ended here (or as many
-# as are open, if more), or by the broker's timer when anything changed.
-SNAPSHOT_EVERY_TXNS = 1000
-
-DEFAULT_PRODUCER_EXPIRATION_MS = 7 * 24 * 3600 * 1000
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Partition:
-    """One partition's log. Thread-safe for appends; reads are lock-free."""
+class Partition(SegmentLog):
+    """One partition. Thread-safe for appends; reads are lock-free."""
 
     def __init__(self, path, topic: str, index: int, *, fsync: str = "commit",
                  segment_bytes_max: int = 256 * 1024 * 1024, max_message_bytes: int = 5 * 1024 * 1024,
                  index_interval_bytes: int = 4096, clock=now_ms,
                  producer_expiration_ms: int = DEFAULT_PRODUCER_EXPIRATION_MS):
-        self.path = os.fspath(path)
+        super().__init__(os.fspath(path), f"{topic}/{index}", fsync=fsync, segment_bytes_max=segment_bytes_max,
+                         max_message_bytes=max_message_bytes, index_interval_bytes=index_interval_bytes, clock=clock)
         self.topic = topic
         self.index = index
-        self.fsync = fsync
         self._sync_always = fsync == "always"
-        self.segment_bytes_max = segment_bytes_max
-        self.max_message_bytes = max_message_bytes
-        self.index_interval_bytes = index_interval_bytes
-        self.clock = clock
-        self.lock = threading.Lock()
-        self._sync_lock = threading.Lock()
-        self._synced_offset = 0          # every offset below is durable ...
-        self._synced_base = -1           # ... and so is this segment ...
-        self._synced_pos = 0             # ... up to this position
+        self.txns = TxnBuffer(self.path, fsync)
+        self.producer_state = ProducerState(topic, index, producer_expiration_ms)
         self._listeners = []             # called with no lock held after an append
-        self.dropped: list[Dropped] = []  # what recovery cut off, for stats and logs
-        self._segments: tuple = ()
-        self._checkpoint_pos = 0         # position in the active segment of the last recovery point
-        self._index_written = {}         # segment base -> (offset entries, time entries) on disk
-        self.last_publish_time = 0
-        self.ongoing = OngoingQueue()    # the transaction buffer (module docstring)
-        self.aborted = AbortSet()
-        self.txn_seen = False            # any transactional batch (so any marker) in the log
-        self.producers = ProducerStates()   # idempotent producers (module docstring)
-        self.producer_expiration_ms = producer_expiration_ms
-        self._txnindex: dict = {}        # segment base -> [(hi, lo, producer id, first, marker)]
-        self._txnindex_dirty: set = set()   # segment bases whose .txnindex changed since its fsync
-        self._ended_since_snapshot = 0
-        self._scrub_next = -1            # the segment scrub_indexes checked last
         os.makedirs(self.path, exist_ok=True)
         # Readers stop trusting the last opening's readview before recovery
         # cuts a tail or rewrites a .txnindex, and trust this one after.
-        self._readview = ReadViewWriter(os.path.join(self.path, "readview"))
+        self._readview = ReadViewWriter(os.path.join(self.path, READVIEW_FILE))
         self._readview.publish(RV_RECOVERING, 0, 0, 0, 0, 0, 0)
         self._open()
-        self._recover_txn_buffer()
+        self._recover()
         with self.lock:
             self._publish(self.end_offset)
 
-    # -- names ---------------------------------------------------------------
-
-    def _file(self, base: int, suffix: str) -> str:
-        return segment_file(self.path, base, suffix)
-
-    @property
-    def segments(self) -> tuple:
-        return self._segments
-
-    @property
-    def active(self) -> Segment:
-        return self._segments[-1]
-
-    @property
-    def start_offset(self) -> int:
-        """The first offset still in the log (retention moves it up)."""
-        return self._segments[0].base_offset
-
-    @property
-    def end_offset(self) -> int:
-        """The log end offset: the offset the next message will get."""
-        return self._segments[-1].next_offset
+    # -- what is there (the buffer's, the producer table's) -----------------------
 
     @property
     def max_read_position(self) -> int:
         """Where READ_COMMITTED reads stop (Kafka's last stable offset): the
         first offset of the oldest transaction still open here, or the log
         end when none is."""
-        end = self._segments[-1].next_offset     # read first: see module docstring
-        return self.ongoing.max_read_position(end)
+        end = self._segments[-1].next_offset     # read first: see txmq.storage.txnbuffer
+        return self.txns.ongoing.max_read_position(end)
+
+    @property
+    def ongoing(self):
+        """The open transactions (``_txn.OngoingQueue``)."""
+        return self.txns.ongoing
+
+    @property
+    def aborted(self):
+        """The aborted transactions with data in the log (``_txn.AbortSet``)."""
+        return self.txns.aborted
+
+    @property
+    def txn_seen(self) -> bool:
+        """Whether the log has held a transactional batch (so a marker)."""
+        return self.txns.seen
+
+    @property
+    def producers(self):
+        """The producer table (``_producers.ProducerStates``)."""
+        return self.producer_state.table
 
     def blocked_by(self):
         """(TxnID, first offset, since ms) of the open transaction holding
         ``max_read_position`` back, or None."""
-        oldest = self.ongoing.oldest()
-        if oldest is None:
-            return None
-        hi, lo, first, since = oldest
-        return TxnID.from_words(hi, lo), first, since
-
-    def size_bytes(self) -> int:
-        return sum(s.size for s in self._segments)
-
-    # -- opening and recovery ------------------------------------------------
-
-    def _open(self) -> None:
-        """Load the segments (``txmq.storage.loader``, writer mode: a torn
-        tail is cut, a bad index rebuilt, a gap refused), then make what
-        was kept durable and claim it with a recovery point."""
-        loader = LogLoader(self.path, WRITER, segment_bytes_max=self.segment_bytes_max,
-                           index_interval_bytes=self.index_interval_bytes, fsync=self.fsync, report=self._report)
-        segments = loader.load()
-        self._index_written = loader.index_written
-        if not segments:
-            seg = Segment(self._file(0, SEGMENT_SUFFIX), 0, self.segment_bytes_max, True,
-                          self.index_interval_bytes)
-            seg.recover(0, 0)
-            _touch(self._file(0, TXNINDEX_SUFFIX))
-            self._segments = (seg,)
-            self._write_recovery_point()
-            return
-        self._segments = tuple(segments)
-        self.last_publish_time = max((s.last_publish_time for s in segments), default=0)
-        if self.fsync != "never":
-            # What recovery kept may have lived only in the page cache of
-            # the process that died: durable first, then claimed.
-            self.active.sync()
-        self._synced_offset = self.end_offset
-        self._write_recovery_point()
-        if os.environ.get("TXMQ_DEBUG") == "1":
-            self.verify()
-
-    def verify(self) -> None:
-        """O(n): re-check every batch of every segment and the indexes;
-        raise CorruptLogError at the first fault. Run after every open when
-        TXMQ_DEBUG=1 (the test suite sets it)."""
-        prev_end = None
-        for seg in self._segments:
-            if prev_end is not None and seg.base_offset != prev_end:
-                raise CorruptLogError(seg.path, 0, f"segment starts at {seg.base_offset}, previous ends at {prev_end}")
-            bad = seg.verify()
-            if bad is not None:
-                raise CorruptLogError(seg.path, bad[0], bad[1])
-            problem = index_problem(seg, *seg.index_entries())
-            if problem is not None:
-                self._repair_index(seg, f"{problem[0]} entry {problem[1]}: {problem[2]}")
-            prev_end = seg.next_offset
-
-    def scrub_indexes(self, limit: int | None = 1) -> int:
-        """Check the indexes of ``limit`` segments (None: all), in turn
-        from where the last call stopped, against every batch they
-        name (:func:`index_problem`), and rebuild a wrong one. The broker
-        runs one segment per partition every few seconds, so a damaged
-        index (what ``txmq check`` calls repairable) is rebuilt without
-        making every open read the whole log. Returns how many it rebuilt."""
-        repaired = 0
-        with self.lock:
-            segs = self._segments
-            for _ in range(len(segs) if limit is None else min(limit, len(segs))):
-                self._scrub_next = (self._scrub_next + 1) % len(segs)
-                seg = segs[self._scrub_next]
-                problem = index_problem(seg, *seg.index_entries())
-                if problem is not None:
-                    self._repair_index(seg, f"{problem[0]} entry {problem[1]}: {problem[2]}")
-                    repaired += 1
-        return repaired
-
-    def _repair_index(self, seg: Segment, reason: str) -> None:
-        self._report(Dropped(self._file(seg.base_offset, ".index"), 0, f"{reason}; index rebuilt"))
-        seg.reindex()
-        self._rewrite_index(seg)
-
-    def _report(self, dropped: Dropped) -> None:
-        self.dropped.append(dropped)
-        log.warning("txmq: truncated %s", dropped)
-
-    def _write_recovery_point(self) -> None:
-        seg = self.active
-        raw = recovery_point_bytes(seg.base_offset, seg.size, seg.next_offset)
-        fd = os.open(os.path.join(self.path, RECOVERY_POINT_FILE), os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, raw, 0)
-        finally:
-            os.close(fd)
-        self._checkpoint_pos = seg.size
-
-    # -- index files ---------------------------------------------------------
-
-    def _rewrite_index(self, seg: Segment) -> None:
-        self._index_written[seg.base_offset] = rewrite_index(self.path, seg)
-
-    def _append_index(self, seg: Segment) -> None:
-        self._index_written[seg.base_offset] = append_index(self.path, seg,
-                                                            self._index_written.get(seg.base_offset, (0, 0)))
+        return self.txns.blocked_by()
 
     # -- appending -----------------------------------------------------------
 
@@ -296,23 +141,18 @@ class Partition:
         seen, or ``fence.fenced``: an instance a newer one replaced).
         """
         if spec.max_message_bytes > self.max_message_bytes or spec.encoded_size() > self.segment_bytes_max:
-            self._too_large(spec)
+            raise self._too_large_error(spec)
         retried = -1
         with self.lock:
             if not self._segments:
-                raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
+                raise self._closed_error()
             if producer_id >= 0:
                 if fence is not None and fence.fenced:
                     raise fence.fenced_error()
                 if base_sequence < 0:        # the next one (inline: the common case)
-                    base_sequence = self.producers.next_sequence(producer_id, producer_epoch)
-                    if base_sequence == FENCED:
-                        raise self._fenced(producer_id, producer_epoch)
+                    base_sequence = self.producer_state.next_sequence(producer_id, producer_epoch)
                 else:
-                    seq = self._sequence_for(spec, producer_id, producer_epoch, base_sequence, txn)
-                    if seq < 0:              # a retry: answered with its original offsets
-                        retried = -seq - 1
-                    base_sequence = seq
+                    retried = self._retried(spec, producer_id, producer_epoch, base_sequence, txn)
             if retried >= 0:
                 base, end = retried, retried + spec.count
             else:                            # inline, not a method: the hot path of every send
@@ -322,19 +162,18 @@ class Partition:
                     txn.check_open("send")
                     txn_hi, txn_lo = txn.words
                     flags |= TRANSACTIONAL
-                    self.txn_seen = True
-                    # Entered before its bytes are readable: see the module docstring.
-                    added = self.ongoing.add(txn_hi, txn_lo, self.end_offset, self.clock())
+                    # Entered before its bytes are readable: see txmq.storage.txnbuffer.
+                    added = self.txns.begin(txn_hi, txn_lo, self.end_offset, self.clock())
                 try:
                     base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                                                base_sequence)
                 except BaseException:
                     if added:
-                        self.ongoing.remove(txn_hi, txn_lo)
+                        self.txns.undo_begin(txn_hi, txn_lo)
                     raise
                 if producer_id >= 0:
-                    self.producers.record(producer_id, producer_epoch, base_sequence, spec.count, base,
-                                          self.last_publish_time)
+                    self.producer_state.record(producer_id, producer_epoch, base_sequence, spec.count, base,
+                                               self.last_publish_time)
                 self._maybe_checkpoint()
                 end = self.end_offset
                 self._publish(end)
@@ -347,16 +186,11 @@ class Partition:
                 cb(self)
         return base
 
-    def _fenced(self, producer_id: int, epoch: int) -> ProducerFencedError:
-        return ProducerFencedError(producer_id, epoch, f"epoch {self.producers.epoch_of(producer_id)} "
-                                   f"of the producer id wrote to {self.topic}/{self.index}")
-
-    def _sequence_for(self, spec: BatchSpec, producer_id: int, epoch: int, seq: int, txn) -> int:
-        """For an explicit sequence ``seq``: ``seq`` when the batch is to be
-        appended, or -1 - base offset of the cached batch it retries
+    def _retried(self, spec: BatchSpec, producer_id: int, epoch: int, seq: int, txn) -> int:
+        """For an explicit sequence ``seq``: -1 when the batch is to be
+        appended, or the base offset of the cached batch it retries
         (partition lock held)."""
-        table = self.producers
-        r = table.check(producer_id, epoch, seq, spec.count)
+        r = self.producer_state.check(producer_id, epoch, seq, spec.count)
         if r >= 0:
             if txn is not None:
                 txn.check_open("send")       # a late retry never answers for an ended transaction
@@ -365,44 +199,28 @@ class Partition:
             if (info.txn_hi, info.txn_lo) != (txn.words if txn is not None else (0, 0)):
                 # The sequence was spent in another transaction (or outside
                 # one): answering with that batch would report this one sent.
-                raise DuplicateSequenceError(self.topic, self.index, producer_id, seq,
-                                             table.next_sequence(producer_id, epoch))
-            return -r - 1
-        if r == FENCED:
-            raise self._fenced(producer_id, epoch)
-        if r == OUT_OF_ORDER or r == DUPLICATE:
-            expected = table.next_sequence(producer_id, epoch)
-            cls = DuplicateSequenceError if r == DUPLICATE else OutOfOrderSequenceError
-            raise cls(self.topic, self.index, producer_id, seq, expected)
-        return seq
+                raise self.producer_state.duplicate(producer_id, epoch, seq)
+        return r
 
     def last_sequence(self, producer_id: int) -> int:
         """The last sequence ``producer_id`` appended here, or -1."""
         with self.lock:
-            return self.producers.last_sequence(producer_id)
+            return self.producer_state.last_sequence(producer_id)
 
-    def _append_locked(self, spec: BatchSpec, flags: int, txn_hi: int, txn_lo: int, producer_id: int,
-                       producer_epoch: int, base_sequence: int) -> int:
-        """Write one batch into the active segment, rolling to a new one when
-        it is full (partition lock held). The caller records what the batch
-        changes (producer table, transaction buffer), then calls
-        :meth:`_maybe_checkpoint`: a snapshot taken in between would claim
-        the batch without its effect."""
-        now = max(self.clock(), self.last_publish_time)
-        seg = self._segments[-1]
-        base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
-        if base < 0:
-            self._roll()
-            seg = self._segments[-1]
-            base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
-            assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
-        self.last_publish_time = now
-        return base
+    def _roll(self) -> None:
+        """Roll the log (partition lock held), and write both snapshots as
+        of the new recovery point."""
+        super()._roll()
+        self._write_snapshots()
 
-    def _maybe_checkpoint(self) -> None:
-        """Keep the recovery point near the log end (partition lock held)."""
-        if self._segments[-1].size - self._checkpoint_pos >= CHECKPOINT_BYTES:
-            self._checkpoint()
+    def _checkpoint(self) -> None:
+        """A recovery point at the log end, then both snapshots as of it, so
+        opening scans and replays only what came after (partition lock
+        held). A batch's effects (producer table, transaction buffer) are
+        recorded before it: a snapshot taken in between would claim the
+        batch without them."""
+        super()._checkpoint()
+        self._write_snapshots()
 
     def _publish(self, end: int, state: int = RV_LIVE) -> None:
         """Publish the readview as of log end ``end`` (partition lock held).
@@ -411,8 +229,8 @@ class Partition:
         written: a reader that reads the readview first finds them all."""
         segs = self._segments
         active = segs[-1]
-        self._readview.publish(state, segs[0].base_offset, end, self.ongoing.max_read_position(end),
-                               active.base_offset, active.size, self.aborted.version)
+        self._readview.publish(state, segs[0].base_offset, end, self.txns.ongoing.max_read_position(end),
+                               active.base_offset, active.size, self.txns.aborted.version)
 
     # -- as a transaction participant (the coordinator's interface) ---------------
 
@@ -428,20 +246,18 @@ class Partition:
         hi, lo = txn_id.words
         with self.lock:
             if not self._segments:
-                raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
-            first = self.ongoing.first_offset_of(hi, lo)
+                raise self._closed_error()
+            first = self.txns.ongoing.first_offset_of(hi, lo)
             if first < 0:
                 return -1
             # The marker carries the producer of the transaction's first batch
             # here, as a Kafka marker does.
             pid, epoch = self._producer_at(first)
             base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
-            self._ended(hi, lo, commit, base, pid)
+            self.txns.ended(hi, lo, commit, base, pid, self.segment_base(base))
             self._maybe_checkpoint()
             self._publish(self.end_offset)
-            self._ended_since_snapshot += 1
-            # A snapshot costs what the buffer holds: spread it over as many ends.
-            snapshot = self._ended_since_snapshot >= max(SNAPSHOT_EVERY_TXNS, len(self.ongoing))
+            snapshot = self.txns.count_end()
         if snapshot:
             self.snapshot_txn_buffer()
         if self._listeners:
@@ -449,102 +265,10 @@ class Partition:
                 cb(self)
         return base
 
-    def _ended(self, hi: int, lo: int, commit: bool, marker_offset: int, producer_id: int) -> None:
-        """Transaction (hi, lo) ended at its marker: see :func:`end_in_buffer`;
-        an aborted one is also entered in the .txnindex of the marker's
-        segment."""
-        first = end_in_buffer(self.ongoing, self.aborted, hi, lo, commit, marker_offset)
-        if not commit:
-            self._index_abort((hi, lo, producer_id, first, marker_offset))
-
     def _producer_at(self, offset: int):
-        """(producer id, epoch) of the batch starting at ``offset``, or (-1, 0)
-        (partition lock held)."""
-        seg, pos = self.segment_for(offset)
-        if seg is not None:
-            info = seg.batch_at(pos)
-            if info.base_offset == offset:
-                return info.producer_id, info.producer_epoch
-        return -1, 0
-
-    # -- the aborted-transaction index (Kafka's .txnindex) ----------------------------
-
-    def _index_abort(self, entry: tuple) -> None:
-        """Record an aborted transaction in the .txnindex of the segment that
-        holds its marker (partition lock held)."""
-        base = self._segment_base(entry[4])
-        with open(self._file(base, ".txnindex"), "ab") as f:
-            f.write(txnindex_bytes([entry]))
-        self._txnindex.setdefault(base, []).append(entry)
-        self._txnindex_dirty.add(base)
-
-    def _segment_base(self, offset: int) -> int:
-        segs = self._segments
-        for seg in reversed(segs):
-            if seg.base_offset <= offset:
-                return seg.base_offset
-        return segs[0].base_offset
-
-    def _load_txnindex(self, replay_from: int) -> None:
-        """Read every segment's .txnindex, keeping the entries whose marker
-        lies below ``replay_from`` (replay adds the others again). A missing
-        file below it is rebuilt from the abort set."""
-        self._txnindex = {}
-        self._txnindex_dirty = set()
-        rebuild = []
-        for seg in self._segments:
-            path = self._file(seg.base_offset, ".txnindex")
-            limit = min(replay_from, seg.next_offset)
-            try:
-                with open(path, "rb") as f:
-                    raw = f.read()
-            except FileNotFoundError:
-                if seg.base_offset < replay_from:
-                    rebuild.append(seg)
-                else:
-                    _touch(path)           # the replay writes what belongs in it
-                continue
-            keep, n = [], len(raw) // TXNINDEX_ENTRY.size
-            entries, bad = txnindex_entries(raw)
-            for i, entry in enumerate(entries):
-                if not seg.base_offset <= entry[4] < seg.next_offset:
-                    bad = i
-                    break
-                if entry[4] < limit:
-                    keep.append(entry)
-            if bad is not None:
-                self._report(Dropped(path, bad * TXNINDEX_ENTRY.size, "bad aborted-transaction index "
-                                                                      "entry; cut there"))
-            if len(keep) != n or len(raw) % TXNINDEX_ENTRY.size:
-                self._write_txnindex(seg.base_offset, keep)
-            if keep:
-                self._txnindex[seg.base_offset] = keep
-        for seg in rebuild:
-            entries = [(hi, lo, self._producer_at(first)[0], first, marker)
-                       for hi, lo, first, marker in self.aborted.overlapping(seg.base_offset, seg.next_offset)
-                       if seg.base_offset <= marker < seg.next_offset]
-            self._write_txnindex(seg.base_offset, entries)
-            if entries:
-                self._txnindex[seg.base_offset] = entries
-
-    def _write_txnindex(self, base: int, entries: list) -> None:
-        write_atomic(self._file(base, ".txnindex"), txnindex_bytes(entries), fsync=self.fsync != "never")
-
-    def _sync_txnindex(self) -> None:
-        """fsync the .txnindex files written since the last call (partition
-        lock held; not under fsync="never")."""
-        dirty, self._txnindex_dirty = self._txnindex_dirty, set()
-        if self.fsync == "never":
-            return
-        for base in dirty:
-            try:
-                fd = os.open(self._file(base, ".txnindex"), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        """(producer id, epoch) of the batch starting at ``offset``, or (-1, 0)."""
+        info = self.batch_starting_at(offset)
+        return (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
 
     def aborted_transactions(self, from_offset: int, to_offset: int) -> list:
         """``[(producer id, first offset, last offset)]`` of the aborted
@@ -552,20 +276,14 @@ class Partition:
         read from the .txnindex of the segments (Kafka's Fetch response field;
         last offset is the ABORT marker's)."""
         with self.lock:
-            out = []
-            for seg in self._segments:
-                if seg.next_offset <= from_offset:
-                    continue       # its markers all lie below from_offset
-                for _, _, pid, first, last in self._txnindex.get(seg.base_offset, ()):
-                    if first < to_offset and last >= from_offset:
-                        out.append((pid, first, last))
-        out.sort(key=lambda e: e[1])
-        return out
+            return self.txns.aborted_transactions(self._segments, from_offset, to_offset)
+
+    # -- what a reader is handed (txmq.storage.delivery) ---------------------------------
 
     def never_delivered(self, info, skip_aborted: bool) -> bool:
         """A marker, or (with ``skip_aborted``, READ_COMMITTED) a batch of
         an aborted transaction."""
-        return never_delivered(info, self.aborted, skip_aborted)
+        return never_delivered(info, self.txns.aborted, skip_aborted)
 
     def undeliverable(self, start: int, end: int, skip_aborted: bool, acked=None) -> int:
         """How many offsets in [start, end) are never delivered: markers,
@@ -574,22 +292,12 @@ class Partition:
         acknowledges them, so a cursor's backlog must not subtract them
         twice). Scans the batch headers of the range; 0 at once for a log
         that never held a transaction."""
-        if not self.txn_seen or end <= start:
+        if not self.txns.seen or end <= start:
             return 0
         try:
-            return undelivered(self._headers(start, end), start, end, self.aborted, skip_aborted, acked)
+            return undelivered(self.headers(start, end), start, end, self.txns.aborted, skip_aborted, acked)
         except SegmentClosedError:   # retention moved the start: count what is left
             return self.undeliverable(max(start, self.start_offset), end, skip_aborted, acked)
-
-    def _headers(self, start: int, end: int):
-        """The headers of the batches holding an offset in [start, end)."""
-        seg, pos = self.segment_for(start)
-        while seg is not None:
-            info = seg.batch_at(pos)
-            if info.base_offset >= end:
-                return
-            yield info
-            seg, pos = self.next_batch(seg, pos)
 
     # -- snapshots: the transaction buffer and the producer table ------------------
 
@@ -597,18 +305,12 @@ class Partition:
         """Write ``txnbuffer.snap``: the buffer as of the log end. Opening
         then replays only the batches after it."""
         with self.lock:
-            if not self._segments or (if_changed and not self._ended_since_snapshot):
+            if not self._segments or (if_changed and not self.txns.changed()):
                 return False
-            self._sync_txnindex()          # the snapshot's offset vouches for the entries below it
-            body = self._txn_snapshot_body()
-        self._write_snapshot(TXNBUF_FILE, body)
+            self.txns.sync_txnindex()          # the snapshot's offset vouches for the entries below it
+            raw = self.txns.snapshot_bytes(self.end_offset)
+        self._write_snapshot(TXNBUF_FILE, raw)
         return True
-
-    def _txn_snapshot_body(self) -> bytes:
-        """The snapshot of the buffer as of the log end (partition lock held)."""
-        flags = TXNBUF_HAS_TXN_DATA if self.txn_seen else 0
-        self._ended_since_snapshot = 0
-        return txn_snapshot_bytes(flags, self.end_offset, self.ongoing, self.aborted)
 
     def expire_producers(self) -> int:
         """Forget the producer ids whose last batch here is older than
@@ -618,26 +320,19 @@ class Partition:
             return self._expire_producers()
 
     def _expire_producers(self) -> int:
-        """(partition lock held) A producer that wrote while a transaction
-        still open here began is kept whatever its age: a retry inside
-        that transaction must still find its batches (Kafka never expires a
-        producer with an ongoing transaction)."""
-        if not len(self.producers):
-            return 0
-        before = self.clock() - self.producer_expiration_ms
-        oldest = self.ongoing.oldest()
-        if oldest is not None:
-            before = min(before, oldest[3])
-        return self.producers.expire(before)
+        """(partition lock held) See ``ProducerState.expire``: the oldest
+        open transaction here keeps the producers that wrote since."""
+        oldest = self.txns.ongoing.oldest()
+        return self.producer_state.expire(self.clock, None if oldest is None else oldest[3])
 
     def _write_snapshots(self) -> None:
         """Both snapshots as of the log end, and the .txnindex entries so
         far durable: a recovery point may now trust all three (partition
         lock held)."""
-        self._sync_txnindex()
-        self._write_snapshot(TXNBUF_FILE, self._txn_snapshot_body())
+        self.txns.sync_txnindex()
+        self._write_snapshot(TXNBUF_FILE, self.txns.snapshot_bytes(self.end_offset))
         self._expire_producers()
-        self._write_snapshot(PRODUCERS_FILE, producer_snapshot_bytes(self.end_offset, self.producers))
+        self._write_snapshot(PRODUCERS_FILE, self.producer_state.snapshot_bytes(self.end_offset))
 
     def _write_snapshot(self, name: str, raw: bytes) -> None:
         # Any snapshot within the log is a correct starting point, so
@@ -654,7 +349,7 @@ class Partition:
         try:
             snap = read(path)
         except CorruptLogError as e:
-            self._report(Dropped(path, e.position, f"snapshot unusable ({e.reason}); rebuilt from the log"))
+            self.report(Dropped(path, e.position, f"snapshot unusable ({e.reason}); rebuilt from the log"))
             return None
         if snap is None or not self.start_offset <= snap[0][-1] <= self.end_offset:
             # Taken past a tail that recovery cut, or before retention
@@ -662,201 +357,55 @@ class Partition:
             return None
         return snap
 
-    def _recover_txn_buffer(self) -> None:
+    def _recover(self) -> None:
         """Load the transaction-buffer and producer snapshots and replay the
         batch headers after them; load the .txnindex files."""
         for name in os.listdir(self.path):
             if is_leftover(name):
                 _unlink(os.path.join(self.path, name))      # a write a crash cut short
         had_snapshots = all(os.path.exists(os.path.join(self.path, n)) for n in (TXNBUF_FILE, PRODUCERS_FILE))
+        txns, producers = self.txns, self.producer_state
+        txns.replay_from = producers.replay_from = self.start_offset
         txn_snap = self._read_snapshot(read_txn_snapshot, TXNBUF_FILE)
-        txn_from = prod_from = self.start_offset
         if txn_snap is not None:
-            (_, _, flags, txn_from), (self.ongoing, self.aborted) = txn_snap
-            self.txn_seen = bool(flags & TXNBUF_HAS_TXN_DATA)
+            txns.restore(txn_snap)
         prod_snap = self._read_snapshot(read_producer_snapshot, PRODUCERS_FILE)
         if prod_snap is not None:
-            (_, _, prod_from), self.producers = prod_snap
-        self._load_txnindex(txn_from)
-        seg, pos = self.segment_for(min(txn_from, prod_from))
-        ongoing, aborted, producers = self.ongoing, self.aborted, self.producers
+            producers.restore(prod_snap)
+        txns.load_txnindex(self._segments, lambda offset: self._producer_at(offset)[0], self.report)
+        seg, pos = self.segment_for(min(txns.replay_from, producers.replay_from))
         replayed = 0
         while seg is not None:
             replayed += 1
             info = seg.batch_at(pos)
-            base = info.base_offset
-            if info.flags & TRANSACTIONAL and base >= txn_from:
-                self.txn_seen = True
-                first = replay_txn_header(info, ongoing, aborted)
-                if first >= 0:
-                    self._index_abort((info.txn_hi, info.txn_lo, info.producer_id, first, base))
-            if info.producer_id >= 0 and base >= prod_from and not info.is_control:
-                producers.record(info.producer_id, info.producer_epoch, info.base_sequence, info.count,
-                                 base, info.publish_time)
+            txns.replay(info, seg.base_offset)
+            producers.replay(info)
             seg, pos = self.next_batch(seg, pos)
-        aborted.trim_below(self.start_offset)
+        txns.aborted.trim_below(self.start_offset)
         if replayed or not had_snapshots or txn_snap is None or prod_snap is None:
             # A snapshot that was refused (or is behind) must not be found
             # again once the log grows past its offset: replace it now.
             with self.lock:
                 self._write_snapshots()
 
-    def _too_large(self, spec: BatchSpec):
-        if spec.max_message_bytes > self.max_message_bytes:
-            raise MessageTooLargeError(spec.max_message_bytes, self.max_message_bytes)
-        raise MessageTooLargeError(spec.encoded_size(), self.segment_bytes_max)
-
-    def _roll(self) -> None:
-        """Seal the active segment and start the next (partition lock held)."""
-        old = self.active
-        old.seal()
-        if self.fsync != "never":
-            old.sync_file()      # data and the trimmed size, before the roll is recorded
-        self._rewrite_index(old)
-        seg = Segment(self._file(old.next_offset, SEGMENT_SUFFIX), old.next_offset,
-                      self.segment_bytes_max, True, self.index_interval_bytes)
-        seg.recover(0, old.next_offset)
-        _touch(self._file(old.next_offset, ".txnindex"))
-        if self.fsync != "never":
-            sync_dir(self.path)
-        self._segments = self._segments + (seg,)
-        self._write_recovery_point()
-        self._write_snapshots()
-
-    def _checkpoint(self) -> None:
-        """Make the bytes so far durable (unless fsync="never") and record a
-        recovery point there, and a transaction-buffer snapshot, so opening
-        scans and replays only what came after (partition lock held)."""
-        seg = self.active
-        if self.fsync != "never":
-            seg.sync(self._checkpoint_pos, seg.size)
-        self._append_index(seg)
-        self._write_recovery_point()
-        self._write_snapshots()
-
-    def sync_to(self, offset: int) -> None:
-        """Make every offset below ``offset`` durable. Threads that wait here
-        together share one msync (group commit), and each msync covers only
-        the bytes written since the previous one."""
-        if self._synced_offset >= offset:
-            return
-        with self._sync_lock:
-            if self._synced_offset >= offset:
-                return
-            segs = self._segments
-            if not segs:
-                raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
-            active = segs[-1]
-            end_offset, end_pos = active.next_offset, active.size
-            try:
-                for seg in reversed(segs[:-1]):
-                    if seg.next_offset <= self._synced_offset:
-                        break
-                    if not seg.closed:        # deleted by retention: nothing to sync
-                        seg.sync()
-                start = self._synced_pos if self._synced_base == active.base_offset else 0
-                active.sync(start, end_pos)
-            except SegmentClosedError:
-                raise BrokerClosedError(f"partition {self.topic}/{self.index} closed during a sync") from None
-            self._synced_offset = end_offset
-            self._synced_base, self._synced_pos = active.base_offset, end_pos
-
-    # -- reading -------------------------------------------------------------
-
-    def segment_for(self, offset: int):
-        """(segment, position) of the batch holding ``offset`` or the first
-        batch after it; (None, -1) when ``offset`` is at or past the end."""
-        return _retrying(self._segment_for, offset)
-
-    def _segment_for(self, offset: int):
-        segs = self._segments
-        lo, hi = 0, len(segs)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if segs[mid].base_offset <= offset:
-                lo = mid + 1
-            else:
-                hi = mid
-        i = max(0, lo - 1)
-        for seg in segs[i:]:
-            pos = seg.locate(max(offset, seg.base_offset))
-            if pos >= 0:
-                return seg, pos
-        return None, -1
-
-    def next_batch(self, seg: Segment, pos: int):
-        """The (segment, position) after the batch at ``pos``."""
-        end = pos + seg.batch_at(pos).length
-        if end < seg.size:
-            return seg, end
-        segs = self._segments
-        for i, s in enumerate(segs):
-            if s is seg and i + 1 < len(segs):
-                nxt = segs[i + 1]
-                return (nxt, 0) if nxt.size else (None, -1)
-        return None, -1
-
-    def read(self, offset: int, max_messages: int = 1000, end_offset: int | None = None):
-        """Messages from ``offset`` as (offset, key, value, headers,
-        event_time, publish_time, batch) tuples, below ``end_offset``."""
-        out = []
-        limit = self.end_offset if end_offset is None else end_offset
-        seg, pos = self.segment_for(offset)
-        while seg is not None and len(out) < max_messages:
-            info = seg.batch_at(pos)
-            if info.base_offset >= limit:
-                break
-            if not info.is_control:
-                take = min(max_messages - len(out), limit - max(offset, info.base_offset))
-                for m in seg.messages(pos, offset, take):
-                    out.append(m + (info.publish_time, info))
-            seg, pos = self.next_batch(seg, pos)
-        return out
-
-    def find_time(self, timestamp_ms: int) -> int:
-        """First offset published at or after ``timestamp_ms`` (end if none)."""
-        return _retrying(self._find_time, timestamp_ms)
-
-    def _find_time(self, timestamp_ms: int) -> int:
-        for seg in self._segments:
-            if seg.size and seg.last_publish_time >= timestamp_ms:
-                off = seg.find_time(timestamp_ms)
-                if off >= 0:
-                    return off
-        return self.end_offset
-
     # -- retention -----------------------------------------------------------
 
     def delete_segments(self, keep_from_offset: int, retention_ms: int | None,
                         retention_bytes: int | None) -> int:
-        """Delete whole sealed segments that retention allows and that end at
-        or below ``keep_from_offset``; return how many were deleted."""
-        deleted = 0
+        """Delete whole sealed segments that retention allows
+        (``txmq.storage.retention``) and that end at or below
+        ``keep_from_offset``; return how many were deleted."""
         with self.lock:
-            segs = list(self._segments)
-            total = sum(s.size for s in segs)
-            now = self.clock()
-            while len(segs) > 1:
-                seg = segs[0]
-                if seg.next_offset > keep_from_offset:
-                    break
-                too_old = retention_ms is not None and now - seg.last_publish_time > retention_ms
-                too_big = retention_bytes is not None and total > retention_bytes
-                if not (too_old or too_big):
-                    break
-                segs.pop(0)
-                total -= seg.size
-                self._segments = tuple(segs)
+            n = retention.deletable(self._segments, keep_from_offset, retention_ms, retention_bytes,
+                                    self.clock())
+            for _ in range(n):
+                seg = self._detach_first()
                 self._publish(self.end_offset)     # readers leave the segment before it goes
-                seg.close(trim=False)
-                for suffix in SEGMENT_FILES:
-                    _unlink(self._file(seg.base_offset, suffix))
-                self._index_written.pop(seg.base_offset, None)
-                self._txnindex.pop(seg.base_offset, None)
-                deleted += 1
-            if deleted:
-                self.aborted.trim_below(self.start_offset)
-        return deleted
+                self._delete_segment(seg)
+                self.txns.forget_segment(seg.base_offset)
+            if n:
+                self.txns.aborted.trim_below(self.start_offset)
+        return n
 
     # -- lifetime --------------------------------------------------------------
 
@@ -864,7 +413,7 @@ class Partition:
         """Write indexes and a recovery point for everything appended so far."""
         with self.lock:
             if not self._segments:
-                raise BrokerClosedError(f"partition {self.topic}/{self.index} is closed")
+                raise self._closed_error()
             self._checkpoint()
 
     def close(self) -> None:
@@ -872,16 +421,9 @@ class Partition:
             if not self._segments:
                 return
             self._write_snapshots()
-            seg = self.active
-            if self.fsync != "never":
-                seg.sync()
-            seg.seal()
-            self._rewrite_index(seg)
-            self._write_recovery_point()
+            self._seal_active()
             self._publish(self.end_offset, RV_CLOSED)
-            for s in self._segments:
-                s.close()
-            self._segments = ()
+            self._close_segments()
             self._readview.close()
 
     def __repr__(self) -> str:
@@ -895,37 +437,15 @@ class Partition:
             "bytes": sum(s.size for s in segs),
             "segments": len(segs),
             "truncated_on_open": [str(d) for d in self.dropped],
-            "producer_ids": len(self.producers),
+            "producer_ids": len(self.producer_state),
         } | self.txn_stats()
 
     def txn_stats(self) -> dict:
         """max_read_position, open and aborted transaction counts, and the
         open transaction holding max_read_position back (and since when)."""
-        blocked = self.blocked_by() if self._segments else None
-        return {
-            "max_read_position": self.max_read_position if self._segments else None,
-            "open_transactions": len(self.ongoing),
-            "aborted_transactions": len(self.aborted),
-            "blocked_by": None if blocked is None else str(blocked[0]),
-            "blocked_since_ms": None if blocked is None else blocked[2],
-        }
-
-
-def _retrying(fn, arg):
-    """Run a lock-free read again when retention closed a segment under it
-    (the next attempt sees the new segment list)."""
-    for _ in range(100):
-        try:
-            return fn(arg)
-        except SegmentClosedError:
-            continue
-    return fn(arg)
-
-
-def _touch(path: str) -> None:
-    """Create ``path`` empty (a segment's .txnindex starts so: a missing one
-    means lost, and is rebuilt)."""
-    open(path, "ab").close()
+        if not self._segments:
+            return {"max_read_position": None} | self.txns.stats() | {"blocked_by": None, "blocked_since_ms": None}
+        return {"max_read_position": self.max_read_position} | self.txns.stats()
 
 
 def _unlink(path: str) -> None:
@@ -933,5 +453,3 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
