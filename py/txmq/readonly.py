@@ -74,7 +74,7 @@ from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, REA
 from txmq.storage.delivery import ISOLATIONS, backlog, never_delivered, read_limit
 from txmq.storage.layout import (READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, read_txn_snapshot, segment_bases,
                                  txnindex_entries)
-from txmq.storage.loader import READ_ONLY, LogLoader, open_read_only
+from txmq.storage.loader import READ_ONLY, LogLoader, open_read_only, published_segments
 from txmq.storage.txnbuffer import replay_txn_header
 from txmq.txn import TxnID
 
@@ -323,21 +323,13 @@ class _PartitionReader:
 
     def _from_readview(self, rv: ReadView) -> PartitionView:
         aborted = self._aborted_from_txnindex((rv.epoch, rv.aborted_version))
-        bases = [b for b in self._bases() if rv.log_start <= b <= rv.active_base]
-        if not bases or bases[0] != rv.log_start or bases[-1] != rv.active_base:
+        bases = segment_bases(self.path)
+        plan = published_segments(bases, rv.log_start, rv.active_base, rv.active_size, rv.log_end)
+        if plan is None:
             raise _Moved(f"segments {bases[:1]}..{bases[-1:]}, readview {rv.log_start}..{rv.active_base}")
-        segs = []
-        for i, base in enumerate(bases):
-            if base == rv.active_base:
-                size, next_offset = rv.active_size, rv.log_end
-            else:
-                size, next_offset = -1, bases[i + 1]
-            segs.append(self._segment(base, size, next_offset))
+        segs = [self._segment(base, size, next_offset) for base, size, next_offset in plan]
         return PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
                              "readview", segs, aborted, rv.epoch, [s.base for s in segs])
-
-    def _bases(self) -> list:
-        return segment_bases(self.path)
 
     def _segment(self, base: int, size: int, next_offset: int) -> _Seg:
         """Segment ``base`` known good up to ``size`` bytes (-1: the whole

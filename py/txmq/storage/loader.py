@@ -357,6 +357,20 @@ def read_index(directory: str, seg: Segment, size: int, next_offset: int, partia
     return off, tix, None if found is None else f"{found[0]} entry {found[1]}: {found[2]}"
 
 
+def published_segments(bases, log_start: int, active_base: int, active_size: int, log_end: int):
+    """``[(base, size, next offset)]`` of the segments a live writer's read
+    view vouches for, from segment bases ``bases`` (sorted): the sealed
+    ones from ``log_start`` whole (size -1) up to the next one's base, the
+    active one to ``active_size`` bytes below ``log_end``; None when the
+    segment files do not match the view (retention moved the log start
+    after it was read). Each is opened with :func:`open_read_only`."""
+    bases = [b for b in bases if log_start <= b <= active_base]
+    if not bases or bases[0] != log_start or bases[-1] != active_base:
+        return None
+    return [(base, active_size, log_end) if base == active_base else (base, -1, bases[i + 1])
+            for i, base in enumerate(bases)]
+
+
 def open_read_only(directory: str, base: int, size: int, next_offset: int) -> Segment:
     """Segment ``base`` mapped read-only and known good up to ``size`` bytes
     (-1: its whole file, a sealed segment, whose batches must then end at
