@@ -43,7 +43,7 @@ def no_debug(monkeypatch):
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory):
     """{state: data directory} (module docstring): four or more segments of
-    plain and transactional batches, some transactions aborted; the dead
+    plain batches and of transactions, committed and aborted; the dead
     writer's also holds one left open."""
     root = tmp_path_factory.mktemp("agree")
     closed = str(root / "closed")
@@ -54,10 +54,13 @@ def templates(tmp_path_factory):
             p = b.producer("t")
             for i in range(60):
                 p.send_batch([b"value-%d-%d" % (i, j) for j in range(4)])
-                if i % 10 == 3:
+                if i % 10 in (3, 7):
                     txn = b.new_transaction()
-                    p.send(b"aborted-%d" % i, txn=txn)
-                    txn.abort()
+                    p.send(b"in-txn-%d" % i, txn=txn)
+                    if i % 10 == 3:
+                        txn.abort()
+                    else:
+                        txn.commit()
         dead = str(root / "dead")
         shutil.copytree(closed, dead)
         _die_past_the_recovery_point(_pdir(dead))
