@@ -341,8 +341,8 @@ def main(argv) -> None:
     clean = int(argv[8]) if len(argv) > 8 else None
     import txmq
     if small:
-        import txmq.partition
-        txmq.partition.CHECKPOINT_BYTES = 4 * 1024
+        import txmq.storage.log
+        txmq.storage.log.CHECKPOINT_BYTES = 4 * 1024
 
     rng = random.Random(seed)
     out = Out()

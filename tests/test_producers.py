@@ -15,7 +15,7 @@ import txmq
 from txmq._log import BatchSpec
 from txmq.errors import (DuplicateSequenceError, InvalidArgumentError, InvalidTxnStateError,
                          OutOfOrderSequenceError, ProducerFencedError)
-from txmq.partition import Partition
+from txmq.storage.partition import Partition
 
 
 @pytest.fixture
@@ -458,10 +458,10 @@ def test_checkpoint_after_the_batch_effects(tmp_path, monkeypatch):
     leave it) finds both."""
     import shutil
 
-    import txmq.partition as P
+    import txmq.storage.log as L
     from txmq.txn import TxnID
 
-    monkeypatch.setattr(P, "CHECKPOINT_BYTES", 1)          # every append checkpoints
+    monkeypatch.setattr(L, "CHECKPOINT_BYTES", 1)          # every append checkpoints
     part = Partition(tmp_path / "p", "t", 0, fsync="never")
     part.append(BatchSpec([b"a" * 100]), producer_id=3, base_sequence=0)
 

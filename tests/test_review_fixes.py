@@ -13,7 +13,8 @@ import txmq
 from txmq import errors
 from txmq._log import BatchSpec, Segment
 from txmq.cursor import COMPACT_FRAMES, Cursor
-from txmq.partition import Partition, _write_entries
+from txmq.storage.index import write_entries as _write_entries
+from txmq.storage.partition import Partition
 
 
 def test_index_entry_into_message_bytes_cannot_read_outside_the_batch(tmp_path):
@@ -22,7 +23,8 @@ def test_index_entry_into_message_bytes_cannot_read_outside_the_batch(tmp_path):
     outside the mapping. Runs in a subprocess: the fault was a wild read."""
     code = textwrap.dedent(f"""
         import os, struct
-        from txmq.partition import Partition, _write_entries
+        from txmq.storage.index import write_entries as _write_entries
+        from txmq.storage.partition import Partition
         from txmq._log import BatchSpec
         d = {str(tmp_path / "p")!r}
         fake = bytearray(112)
@@ -189,7 +191,7 @@ def test_a_wrong_last_index_entry_neither_shortens_nor_ages_a_segment(tmp_path):
     """The walk to a segment's true end and last publish time starts only
     from an index entry that passed its check."""
     import numpy as np
-    from txmq.partition import INDEX_ENTRY
+    from txmq.storage.index import INDEX_ENTRY
     d = tmp_path / "p"
     part = Partition(d, "t", 0, fsync="never", segment_bytes_max=8192, index_interval_bytes=4096)
     for _ in range(20):
@@ -254,7 +256,7 @@ def test_time_index_longer_than_offset_index_grows_on_its_own(tmp_path):
 def test_index_rewrite_is_atomic(tmp_path, monkeypatch):
     """Rewriting an index file goes through a temporary file and a rename:
     a kill in the middle leaves the old file whole."""
-    import txmq.partition as P
+    import txmq.storage.index as P
 
     part = Partition(tmp_path / "p", "t", 0, fsync="never", index_interval_bytes=64)
     for i in range(50):

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import txmq
-from txmq import partition as partition_mod
+from txmq.storage import log as log_mod, txnbuffer as txnbuffer_mod
 from txmq.errors import CorruptLogError
 
 
@@ -83,7 +83,7 @@ def _fill(b, n_txns, topic="t"):
 
 
 def test_snapshot_and_replay_equal_a_full_rebuild(tmp_path, monkeypatch):
-    monkeypatch.setattr(partition_mod, "SNAPSHOT_EVERY_TXNS", 50)
+    monkeypatch.setattr(txnbuffer_mod, "SNAPSHOT_EVERY_TXNS", 50)
     path = tmp_path / "d"
     with txmq.Broker(path, fsync="never") as b:
         b.create_topic("t")
@@ -188,7 +188,7 @@ def test_failed_fan_out_is_retried_until_it_succeeds(tmp_path, monkeypatch):
     commit() returns once the decision is durable, and the broker's retry
     timer finishes the fan-out."""
     import time
-    from txmq.partition import Partition
+    from txmq.storage.partition import Partition
 
     real = Partition.end_txn
     failures = {"left": 3}
@@ -221,7 +221,7 @@ def test_recovery_point_carries_a_buffer_snapshot(tmp_path, monkeypatch):
     """Opening replays the log only from the last recovery point, with or
     without transactions: each recovery point writes a buffer snapshot."""
     import struct
-    monkeypatch.setattr(partition_mod, "CHECKPOINT_BYTES", 8192)
+    monkeypatch.setattr(log_mod, "CHECKPOINT_BYTES", 8192)
     with txmq.Broker(tmp_path / "d", fsync="never") as b:
         b.create_topic("t")
         p = b.producer("t")

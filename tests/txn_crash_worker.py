@@ -415,12 +415,13 @@ def shrink_thresholds() -> None:
     import txmq.broker
     import txmq.coordinator
     import txmq.cursor
-    import txmq.partition
+    import txmq.storage.log
+    import txmq.storage.txnbuffer
     import txmq.subscription
-    txmq.partition.SNAPSHOT_EVERY_TXNS = 3
+    txmq.storage.txnbuffer.SNAPSHOT_EVERY_TXNS = 3
     txmq.coordinator.COMPACT_FRAMES = 40
     txmq.coordinator.LIVE_FRAMES = 1
-    txmq.partition.CHECKPOINT_BYTES = 8 * 1024
+    txmq.storage.log.CHECKPOINT_BYTES = 8 * 1024
     txmq.cursor.COMPACT_FRAMES = 6
     txmq.subscription.COMPACT_FRAMES = 6
     txmq.broker.SNAPSHOT_INTERVAL = 0.03

@@ -39,7 +39,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow)
 
 from txmq.errors import DataLossError, InvalidArgumentError
-from txmq.subscription import ISOLATIONS
+from txmq.storage.delivery import ISOLATIONS
 
 __all__ = ["ReadOptions", "parse_read_options", "TxmqReader", "TxmqStreamReader", "OffsetRange",
            "DataLossError"]

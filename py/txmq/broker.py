@@ -55,7 +55,8 @@ from txmq.half import HalfProducer, HalfStore
 from txmq.ingest import Ingester, clean_staging
 from txmq.options import (INT32_MAX, TIMEOUT_MAX_SECONDS, choice_option, flag_option, int_option,
                           partitions_option, retention_options, seconds_option)
-from txmq.subscription import ISOLATIONS, POSITIONS, TYPES, Subscription
+from txmq.storage.delivery import ISOLATIONS
+from txmq.subscription import POSITIONS, TYPES, Subscription
 from txmq.topic import Topic, check_subscription_name, check_topic_name
 from txmq.transaction import Transaction
 from txmq.transactional import TransactionalProducer

@@ -55,7 +55,7 @@ from txmq._redolog import RedoLog, sync_dir
 from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, InvalidArgumentError,
                          InvalidHalfStateError, OutOfOrderSequenceError, TxmqError)
 from txmq.message import MessageId
-from txmq.partition import Partition
+from txmq.storage.partition import Partition
 
 log = logging.getLogger("txmq.half")
 

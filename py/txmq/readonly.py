@@ -6,35 +6,41 @@ published, without taking ``<data>/LOCK``, without writing, truncating or
 creating a file, whether a writer holds the directory or not. The PySpark
 source and CLI inspection build on it.
 
-Where a partition's view comes from (docs/FORMAT.md, "Read view"):
+Where a partition's view comes from (docs/FORMAT.md, "Read view" and
+"Opening a partition"):
 
-1. The ``readview`` file, when its newest whole slot says LIVE (a writer
-   has the partition open, or had it and died) or CLOSED (closed cleanly).
-   The reader takes the slot, then reads the ``.txnindex`` files (aborted
-   transactions), then maps the segments, then reads the slot again: if
-   the writer reopened the partition meanwhile (a new epoch, or RECOVERING)
-   it starts over, since recovery may rewrite ``.txnindex`` files. Bytes
-   and abort entries are published before the slot that vouches for them,
-   so nothing read below the slot's log end is torn, and every aborted
-   transaction with data below its maxReadPosition is in a ``.txnindex``.
-2. No process holds the lock and the slot says LIVE (the writer died): the
-   slot is still a committed prefix, so it is the starting point, and the
-   files are scanned past it (read-only recovery: batches are taken while
-   they pass their checks; transactions are replayed from the slot's
-   maxReadPosition, where none is open, so a transaction without a marker
-   holds maxReadPosition back at its first offset, as the next writer
-   would until it aborts it). The slot lags by at most the append the
-   writer died in.
-3. No process holds the lock and there is no usable slot (no file, a bad
-   magic, RECOVERING: a writer died while opening): every segment is
-   scanned from byte 0 and the transaction buffer is rebuilt from
-   ``txnbuffer.snap`` (when its CRC and offset check) plus a replay of the
-   batch headers after it. ``.txnindex`` files are not trusted here: a
-   writer that died in recovery may have left them half rewritten.
-4. A process holds the lock and there is no usable slot (it is opening
+1. A process holds the lock and the ``readview`` file's newest whole slot
+   says LIVE or CLOSED: the slot. The reader takes the slot, then reads
+   the ``.txnindex`` files (aborted transactions), then maps the segments,
+   then reads the slot again: if the writer reopened the partition
+   meanwhile (a new epoch, or RECOVERING) it starts over, since recovery
+   may rewrite ``.txnindex`` files. Bytes and abort entries are published
+   before the slot that vouches for them, so nothing read below the slot's
+   log end is torn, and every aborted transaction with data below its
+   maxReadPosition is in a ``.txnindex``. Files are never scanned under a
+   live writer: it may trim a segment under the scan.
+2. No process holds the lock (the writer closed, or died): the segments
+   are walked as the next opening will walk them (``txmq.storage.loader``
+   in read-only mode: from the recovery point, a torn or corrupt tail
+   ends the view where opening would cut it, a gap raises
+   :class:`~txmq.errors.CorruptLogError` as opening does). When the log so
+   loaded holds everything a LIVE or CLOSED slot vouches for, the slot's
+   transaction state is taken (no transaction open below its
+   maxReadPosition, the aborted ones in the ``.txnindex`` files) and the
+   batch headers after its maxReadPosition are replayed, so a transaction
+   without a marker holds maxReadPosition back at its first offset, as the
+   next writer would until it aborts it (``source``: "readview" after a
+   clean close, "readview+scan" after a writer died). Otherwise (no file,
+   a bad magic, RECOVERING: a writer died while opening; or a log cut
+   short of the slot) the transaction buffer is rebuilt as opening
+   rebuilds it, from ``txnbuffer.snap`` (when its CRC and offset check)
+   plus a replay of the batch headers after it (``source``: "scan");
+   ``.txnindex`` files are not trusted then: a writer that died in
+   recovery may have left them half rewritten. Such a view is kept while
+   the slot stays the same.
+3. A process holds the lock and there is no usable slot (it is opening
    the partition): wait up to ``wait_s`` for a slot, then raise
-   :class:`~txmq.errors.DataDirLockedError`. Files are never scanned under
-   a live writer: it may trim a segment under the scan.
+   :class:`~txmq.errors.DataDirLockedError`.
 
 Whether a process holds the lock is read from ``/proc/locks`` (the flock
 on ``LOCK``'s inode), else from the pid written in ``LOCK``. Segments are
@@ -64,12 +70,14 @@ from txmq.datadir import lock_files
 from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentError, PartitionNotFoundError,
                          TopicNotFoundError)
 from txmq.message import MessageId
-from txmq.subscription import ISOLATIONS
 from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
-from txmq.partition import (SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, _load_entries, _monotone,
-                            _parse_txn_tables, _txnindex_entries, _valid_entries, never_delivered, parse_snapshot,
-                            offset_for_time, replay_txn_header)
+from txmq.storage.delivery import ISOLATIONS, backlog, never_delivered, read_limit
+from txmq.storage.layout import (READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, read_txn_snapshot, segment_bases,
+                                 txnindex_entries)
+from txmq.storage.loader import READ_ONLY, LogLoader, open_read_only, published_segments
+from txmq.storage.log import offset_for_time
+from txmq.storage.txnbuffer import replay_txn_header
 from txmq.txn import TxnID
 
 __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
@@ -222,8 +230,7 @@ class PartitionView:
                 pos += info.length
 
     def limit(self, isolation: str, end: int | None) -> int:
-        top = self.max_read_position if isolation == "read_committed" else self.log_end
-        return top if end is None else min(end, top)
+        return read_limit(isolation == "read_committed", self.max_read_position, self.log_end, end)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         """The first offset of this view published at or after
@@ -276,11 +283,12 @@ class _PartitionReader:
         self._segs: dict = {}          # (base, size, next offset) -> Segment
         self._aborted_key = None
         self._aborted = None
+        self._scanned = None           # (ReadView, PartitionView) of the last scan
 
     def readview(self) -> ReadView | None:
         if self._rv_map is None:
             try:
-                fd = os.open(os.path.join(self.path, "readview"), os.O_RDONLY)
+                fd = os.open(os.path.join(self.path, READVIEW_FILE), os.O_RDONLY)
             except FileNotFoundError:
                 return None
             try:
@@ -300,16 +308,18 @@ class _PartitionReader:
             rv = self.readview()
             holder = writer_pid(self.dir.path)
             usable = rv is not None and rv.state != RV_RECOVERING
+            if holder is None:
+                # No writer: the files are what the next opening will load.
+                view = self._scan(rv if usable else None)
+                if self.readview() == rv:
+                    return view
+                continue           # a writer began opening the partition meanwhile
             if not usable:
-                if holder is None:
-                    return self._scan(None)
                 if time.monotonic() > deadline:
                     raise DataDirLockedError(self.dir.path, f"pid {holder}, which has not published "
                                              f"{self.topic}/{self.index} within {self.dir.wait_s} s")
                 time.sleep(_POLL_S)
                 continue
-            if rv.state == RV_LIVE and holder is None:
-                return self._scan(rv)
             try:
                 view = self._from_readview(rv)
             except (FileNotFoundError, _Moved) as e:
@@ -327,25 +337,13 @@ class _PartitionReader:
 
     def _from_readview(self, rv: ReadView) -> PartitionView:
         aborted = self._aborted_from_txnindex((rv.epoch, rv.aborted_version))
-        bases = [b for b in self._bases() if rv.log_start <= b <= rv.active_base]
-        if not bases or bases[0] != rv.log_start or bases[-1] != rv.active_base:
+        bases = segment_bases(self.path)
+        plan = published_segments(bases, rv.log_start, rv.active_base, rv.active_size, rv.log_end)
+        if plan is None:
             raise _Moved(f"segments {bases[:1]}..{bases[-1:]}, readview {rv.log_start}..{rv.active_base}")
-        segs = []
-        for i, base in enumerate(bases):
-            if base == rv.active_base:
-                size, next_offset = rv.active_size, rv.log_end
-            else:
-                size, next_offset = -1, bases[i + 1]
-            segs.append(self._segment(base, size, next_offset))
+        segs = [self._segment(base, size, next_offset) for base, size, next_offset in plan]
         return PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
                              "readview", segs, aborted, rv.epoch, [s.base for s in segs])
-
-    def _bases(self) -> list:
-        return sorted(int(n[:-len(SEGMENT_SUFFIX)]) for n in os.listdir(self.path)
-                      if n.endswith(SEGMENT_SUFFIX) and n[:-len(SEGMENT_SUFFIX)].isdigit())
-
-    def _file(self, base: int, suffix: str) -> str:
-        return os.path.join(self.path, f"{base:020d}{suffix}")
 
     def _segment(self, base: int, size: int, next_offset: int) -> _Seg:
         """Segment ``base`` known good up to ``size`` bytes (-1: the whole
@@ -354,20 +352,7 @@ class _PartitionReader:
         key = (base, size, next_offset)
         seg = self._segs.get(key)
         if seg is None:
-            seg = Segment(self._file(base, SEGMENT_SUFFIX), base, 0, False)
-            file_size = seg.capacity
-            if size < 0:
-                size = file_size
-            if size > file_size:
-                raise CorruptLogError(seg.path, file_size, f"readview claims {size} bytes")
-            off = _load_entries(self._file(base, ".index"))
-            tix = _load_entries(self._file(base, ".timeindex"))
-            if off is not None and tix is not None:
-                off = off[off["b"] < size]
-                tix = tix[tix["b"] < next_offset]
-            if not (off is not None and tix is not None and _valid_entries(off, base, size) and _monotone(tix)):
-                off = tix = np.empty(0, [("a", "<i8"), ("b", "<i8")])
-            seg.load_index(off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
+            seg = open_read_only(self.path, base, size, next_offset)
             self._segs = {k: v for k, v in self._segs.items() if k[0] != base}   # one size per base
             self._segs[key] = seg
         return _Seg(base, seg, seg.size, next_offset)
@@ -379,7 +364,7 @@ class _PartitionReader:
             return self._aborted
         aborted = AbortSet()
         for name in os.listdir(self.path):
-            if not name.endswith(".txnindex"):
+            if not name.endswith(TXNINDEX_SUFFIX):
                 continue
             try:
                 with builtin_open(os.path.join(self.path, name), "rb") as f:
@@ -388,7 +373,7 @@ class _PartitionReader:
                 continue           # deleted by retention since listdir
             # Up to the first bad entry (one being appended, or damage): the
             # rest is not vouched for.
-            for hi, lo, _, first, marker in _txnindex_entries(raw)[0]:
+            for hi, lo, _, first, marker in txnindex_entries(raw)[0]:
                 aborted.add(hi, lo, first, marker)
         self._aborted_key, self._aborted = key, aborted
         return aborted
@@ -396,68 +381,62 @@ class _PartitionReader:
     # -- a view from the files alone (no writer) ----------------------------------
 
     def _scan(self, rv: ReadView | None) -> PartitionView:
-        """Read-only recovery (module docstring, cases 2 and 3)."""
-        bases = self._bases()
-        segs = []
-        if rv is not None and rv.active_base in bases:
-            trusted = [b for b in bases if rv.log_start <= b < rv.active_base]
-            for i, base in enumerate(trusted):
-                segs.append(self._segment(base, -1, (trusted + [rv.active_base])[i + 1]))
-            bases = [b for b in bases if b >= rv.active_base]
-            resume = (rv.active_size, rv.log_end)
-            ongoing, aborted = OngoingQueue(), self._aborted_from_txnindex(object())   # not cached: replay adds to it
+        """The partition as the next opening will load it, with no writer
+        live (module docstring, cases 2 and 3): the writer's walk
+        (``txmq.storage.loader``) without its writes, so the view ends
+        where the writer's log will, and a gap between segments raises
+        CorruptLogError as opening does. Cached while the read view stays
+        the same (no writer has opened the partition since)."""
+        if rv is not None and self._scanned is not None and self._scanned[0] == rv:
+            return self._scanned[1]
+        loader = LogLoader(self.path, READ_ONLY, min_base=rv.log_start if rv is not None else None)
+        segs = [_Seg(s.base_offset, s, s.size, s.next_offset) for s in loader.load()]
+        start = segs[0].base if segs else (rv.log_end if rv is not None else 0)
+        end = segs[-1].next_offset if segs else start
+        view = PartitionView(self.topic, self.index, start, end, end, "scan", segs, AbortSet(), 0,
+                             [s.base for s in segs])
+        if rv is not None and rv.log_start <= end and rv.log_end <= end:
+            # The log holds all the read view vouches for: its transaction
+            # state (no transaction open below its maxReadPosition, the
+            # aborted ones in the .txnindex files) plus a replay after it.
+            ongoing = OngoingQueue()
+            aborted = view.aborted = self._aborted_below(end)
             replay_from = rv.max_read_position
-            source = "readview+scan"
+            view.source, view.epoch = ("readview" if rv.state == RV_CLOSED else "readview+scan"), rv.epoch
         else:
-            resume = None
-            ongoing, aborted, replay_from = self._txn_snapshot(bases)
-            source = "scan"
-        expected = bases[0] if bases else (rv.log_end if rv is not None else 0)
-        for base in bases:
-            if base != expected:
-                break              # a gap: the writer would drop what follows
-            seg = Segment(self._file(base, SEGMENT_SUFFIX), base, 0, False)
-            pos, offset = resume if resume is not None else (0, base)
-            resume = None
-            if pos:
-                idx = _load_entries(self._file(base, ".index"))
-                idx = idx[idx["b"] < pos] if idx is not None else np.empty(0, [("a", "<i8"), ("b", "<i8")])
-                if not _valid_entries(idx, base, pos):
-                    idx = idx[:0]
-                seg.load_index(idx["a"], idx["b"], [], [], pos, offset)
-            bad = seg.recover(pos, offset)     # read-only: reports a bad batch, cuts nothing
-            segs.append(_Seg(base, seg, seg.size, seg.next_offset))
-            expected = seg.next_offset
-            if bad is not None:
-                break
-        if not segs:
-            return PartitionView(self.topic, self.index, expected, expected, expected, source, [],
-                                 aborted, 0, [])
-        view = PartitionView(self.topic, self.index, segs[0].base, segs[-1].next_offset, 0, source, segs,
-                             aborted, 0, [s.base for s in segs])
-        if replay_from > view.log_end:      # a snapshot past the tail the scan kept
-            ongoing, aborted, replay_from = OngoingQueue(), AbortSet(), view.log_start
-        start = max(replay_from, view.log_start)
-        for _, _, info in view.batches(start, view.log_end):
+            # Cut short of it, or no read view: the writer's way, from the
+            # transaction-buffer snapshot.
+            ongoing, aborted, replay_from = self._txn_snapshot(start, end)
+            view.aborted = aborted
+        for _, _, info in view.batches(max(replay_from, start), end):
             if info.flags & TRANSACTIONAL:
                 replay_txn_header(info, ongoing, aborted)
-        view.max_read_position = ongoing.max_read_position(view.log_end)
+        view.max_read_position = ongoing.max_read_position(end)
+        if rv is not None:
+            self._scanned = (rv, view)
         return view
 
-    def _txn_snapshot(self, bases):
+    def _aborted_below(self, end: int) -> AbortSet:
+        """The aborted transactions of the ``.txnindex`` files whose ABORT
+        marker lies below ``end`` (opening drops an entry past the log
+        end), in a set of their own (the replay adds to it)."""
+        aborted = AbortSet()
+        for hi, lo, first, marker in self._aborted_from_txnindex(object()).entries():
+            if marker < end:
+                aborted.add(hi, lo, first, marker)
+        return aborted
+
+    def _txn_snapshot(self, start: int, end: int):
         """(ongoing, aborted, replay from) out of ``txnbuffer.snap`` when it
-        checks and lies in the log, else empty tables from the log start."""
-        start = bases[0] if bases else 0
-        path = os.path.join(self.path, "txnbuffer.snap")
+        checks and its offset lies in [start, end] (as opening takes it),
+        else empty tables from the log start."""
         try:
-            with builtin_open(path, "rb") as f:
-                raw = f.read()
-            (_, _, _, offset), (ongoing, aborted) = parse_snapshot(path, raw, TXNBUF_MAGIC, TXNBUF_VERSION,
-                                                                   TXNBUF_HEAD, _parse_txn_tables)
+            snap = read_txn_snapshot(os.path.join(self.path, TXNBUF_FILE))
         except (OSError, CorruptLogError):
-            offset = -1
-        if offset < start:
+            snap = None
+        if snap is None or not start <= snap[0][-1] <= end:
             return OngoingQueue(), AbortSet(), start
+        (_, _, _, offset), (ongoing, aborted) = snap
         return ongoing, aborted, offset
 
 
@@ -653,15 +632,9 @@ def _check_isolation(isolation: str) -> None:
 
 
 def _backlog(view: PartitionView, start: int, limit: int, committed: bool, acked) -> int:
-    """The deliverable offsets in [start, limit) not in ``acked``: a
-    skipped marker or aborted batch is acknowledged as the reader passes
-    it, so it is neither deliverable nor subtracted."""
-    n = 0
-    for _, _, info in view.batches(start, limit):
-        if not view.skipped(info, committed):
-            a, b = max(start, info.base_offset), min(limit, info.next_offset)
-            n += b - a - acked.count_in(a, b)
-    return n
+    """The deliverable offsets in [start, limit) not in ``acked``
+    (``txmq.storage.delivery.backlog``, the rule the subscriptions count by)."""
+    return backlog((info for _, _, info in view.batches(start, limit)), start, limit, view.aborted, committed, acked)
 
 
 def _read_redo(path: str):

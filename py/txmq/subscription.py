@@ -37,11 +37,10 @@ from txmq.files import sync_dir, write_json
 from txmq.errors import (BrokerClosedError, CorruptLogError, NotAcknowledgeableError, SubscriptionBusyError,
                          SubscriptionTypeError, TransactionConflictError)
 from txmq.message import MessageId
-from txmq.partition import TRANSACTIONAL
+from txmq.storage.delivery import READ_COMMITTED, TRANSACTIONAL, read_limit
 from txmq.txn import TxnID
 
 TYPES = ("exclusive", "shared", "failover")
-ISOLATIONS = ("read_committed", "read_uncommitted")
 POSITIONS = ("latest", "earliest")
 
 
@@ -230,10 +229,10 @@ class Subscription:
     # -- receiving -------------------------------------------------------------
 
     def limit(self, lane: _Lane) -> int:
-        """Highest offset (exclusive) this subscription may deliver."""
-        if self.isolation == "read_committed":
-            return lane.partition.max_read_position
-        return lane.partition.end_offset
+        """Highest offset (exclusive) this subscription may deliver
+        (``txmq.storage.delivery.read_limit``)."""
+        p = lane.partition
+        return read_limit(self.isolation == READ_COMMITTED, p.max_read_position, p.end_offset)
 
     def receive(self, consumer, n: int, timeout: float | None) -> list:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -8,7 +8,7 @@ import re
 
 from txmq.files import write_json
 from txmq.errors import InvalidSubscriptionNameError, InvalidTopicNameError
-from txmq.partition import Partition
+from txmq.storage.partition import Partition
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_NAME = 249  # Kafka's limit, so a topic name moves between the two unchanged

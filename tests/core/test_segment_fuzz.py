@@ -14,7 +14,7 @@ import pytest
 from txmq._log import BatchSpec, Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, RedoLog, frame
 from txmq.errors import CorruptLogError
-from txmq.partition import Partition
+from txmq.storage.partition import Partition
 
 CASES = 200
 HEADER_SIZE = 88
@@ -468,7 +468,7 @@ def test_partition_corrupt_middle_segment_without_recovery_point(tmp_path):
 
 def test_corrupt_index_entry_never_skips_messages(tmp_path):
     import numpy as np
-    from txmq.partition import INDEX_ENTRY
+    from txmq.storage.index import INDEX_ENTRY
     part = Partition(tmp_path / "p", "t", 0, fsync="never", segment_bytes_max=8192,
                      index_interval_bytes=128)
     for i in range(60):

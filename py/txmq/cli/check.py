@@ -8,7 +8,9 @@ offsets and the dense base offsets of every batch and never truncates when
 not writable), redo logs through ``_redolog.parse`` and the replay
 functions of ``_txn`` (coordinator, pending acks, producer registry) and
 ``txmq.cursor.replay`` (cursors), and the fixed-layout files through the
-``struct`` layouts of ``txmq.partition``. Formats: docs/FORMAT.md.
+parsers of ``txmq.storage.layout``. A partition's segments are walked by
+the loader opening uses (``txmq.storage.loader`` in check mode), so each
+problem says what opening does there. Formats: docs/FORMAT.md.
 
 Each problem names a file and the byte where it is, and is one of:
 
@@ -18,7 +20,7 @@ Each problem names a file and the byte where it is, and is one of:
   opening trusts and so does not repair;
 - ``repairable``: derived data (indexes, snapshots, recovery point) that is
   wrong or missing; opening the directory rebuilds it from the log (an
-  index entry is wrong when ``txmq.partition.index_problem`` says so, the
+  index entry is wrong when ``txmq.storage.index.index_problem`` says so, the
   predicate opening rebuilds by).
 
 Anything the broker does not write is listed as a note, not a problem.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 
@@ -44,26 +46,20 @@ from txmq.cli.output import Progress, emit_json, size, wants_progress
 from txmq.cursor import replay as replay_cursor
 from txmq._readview import RV_LIVE
 from txmq.errors import CorruptLogError, DataDirError, DataDirLockedError
-from txmq.partition import (INDEX_ENTRY, MARKER_FLAGS, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
-                            SEGMENT_FILES, SEGMENT_SUFFIX, TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, Dropped,
-                            TXNINDEX_ENTRY, _parse_producer_table, _parse_txn_tables, _txnindex_entries,
-                            index_problem, parse_recovery_point, parse_snapshot)
-from txmq.subscription import ISOLATIONS, POSITIONS, TYPES
+from txmq.storage.delivery import ISOLATIONS
+from txmq.storage.index import INDEX_ENTRY, index_problem
+from txmq.storage.layout import (INDEX_SUFFIX, PRODUCERS_FILE, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
+                                 READVIEW_FILE, RECOVERY_POINT_FILE, RP_POSITION_OFFSET, TIMEINDEX_SUFFIX, TXNBUF_FILE,
+                                 TXNBUF_HEAD, TXNBUF_MAGIC, TXNBUF_VERSION, TXNINDEX_ENTRY, TXNINDEX_SUFFIX,
+                                 known_files, parse_producer_table, parse_snapshot, parse_txn_tables, segment_file,
+                                 txnindex_entries)
+from txmq.storage.loader import CHECK, CORRUPT, REPAIRABLE, LogLoader, Problem
+from txmq.storage.txnbuffer import MARKER_FLAGS
+from txmq.subscription import POSITIONS, TYPES
 from txmq.topic import Topic
 
-CORRUPT = "corrupt"
-REPAIRABLE = "repairable"
 REDO_HEADER_SIZE = len(FILE_HEADER)
-
-
-@dataclass
-class Problem(Dropped):
-    """What is wrong where (a partition's Dropped, with its kind)."""
-
-    kind: str = CORRUPT
-
-    def __str__(self) -> str:
-        return f"{super().__str__()} [{self.kind}]"
+ABORT_MARKER = MARKER_FLAGS[False]
 
 
 class Report:
@@ -320,51 +316,41 @@ class _Checker:
         return value
 
     def _partition(self, pdir: str) -> None:
+        """The segments, walked as opening walks them (the loader in check
+        mode: every problem says what opening does there), then each
+        segment's side files and the snapshots."""
         names = sorted(os.listdir(pdir))
-        bases = sorted(int(n[:-len(SEGMENT_SUFFIX)]) for n in names
-                       if n.endswith(SEGMENT_SUFFIX) and n[:-len(SEGMENT_SUFFIX)].isdigit())
+        loader = LogLoader(pdir, CHECK, published=self._active_segment(pdir))
         # readview (the writer's published positions for read-only readers)
         # is rewritten by every open and not checked here.
-        known = {"recovery-point", "txnbuffer.snap", "producers.snap", "readview"}
-        for b in bases:
-            known |= {f"{b:020d}{s}" for s in SEGMENT_FILES}
+        known = known_files(loader.bases)
         for n in names:
             if n not in known:
                 self._note_unknown(os.path.join(pdir, n))
-        segments = {}                   # base -> (size, next_offset, damaged)
-        point = self._recovery_point(pdir, bases)
-        prev_end = None
-        active = self._active_segment(pdir)
-        for i, base in enumerate(bases):
-            path = os.path.join(pdir, f"{base:020d}{SEGMENT_SUFFIX}")
-            seg = Segment(path, base, 0, False)
-            try:
-                if prev_end is not None and base != prev_end:
-                    self.report.problem(path, 0, f"segment starts at offset {base}, the previous one "
-                                                 f"ends at {prev_end}: offsets are not dense")
-                bad = seg.recover(0, base)
-                if bad is not None and active is not None and active[0] == base and bad[0] >= active[1]:
-                    bad = None          # past what the owner has published: being written now
-                self._done(path, seg.size)
-                if bad is not None:
-                    later = len(bases) - i - 1
-                    self.report.problem(path, bad[0], f"{bad[1]}; opening cuts the log here"
-                                        + (f" and drops the {later} later segment(s)" if later else ""))
-                segments[base] = (seg.size, seg.next_offset, bad is not None)
-                self._indexes(pdir, seg, bad is not None, active is not None and active[0] == base)
-                if point is not None and point[0] == base:
-                    self._recovery_point_in(pdir, point, seg, bad is not None)
-                prev_end = seg.next_offset
-            finally:
+        rp = os.path.join(pdir, RECOVERY_POINT_FILE)
+        if os.path.exists(rp):
+            self._done(rp)
+        segments = loader.load()
+        self.report.problems += loader.problems
+        active = loader.published
+        try:
+            for seg in segments:
+                damaged = seg.base_offset in loader.damaged
+                self._done(seg.path, seg.size)
+                self._indexes(pdir, seg, damaged, active is not None and active[0] == seg.base_offset)
+                if loader.point is not None and loader.point[0] == seg.base_offset:
+                    self._recovery_point_in(pdir, loader.point, seg, damaged)
+        finally:
+            for seg in segments:
                 seg.close(False)
         # A log with damage ends early: a snapshot past that end is its
         # consequence, already reported with the damage.
-        start = bases[0] if bases else 0
-        end = None if any(d for _, _, d in segments.values()) else (prev_end or 0)
-        self._snapshot(os.path.join(pdir, "txnbuffer.snap"), TXNBUF_MAGIC, TXNBUF_VERSION, TXNBUF_HEAD,
-                       _parse_txn_tables, start, end)
-        self._snapshot(os.path.join(pdir, "producers.snap"), PRODUCERS_MAGIC, PRODUCERS_VERSION,
-                       PRODUCERS_HEAD, _parse_producer_table, start, end)
+        start = segments[0].base_offset if segments else 0
+        end = None if loader.damaged else (segments[-1].next_offset if segments else 0)
+        self._snapshot(os.path.join(pdir, TXNBUF_FILE), TXNBUF_MAGIC, TXNBUF_VERSION, TXNBUF_HEAD,
+                       parse_txn_tables, start, end)
+        self._snapshot(os.path.join(pdir, PRODUCERS_FILE), PRODUCERS_MAGIC, PRODUCERS_VERSION,
+                       PRODUCERS_HEAD, parse_producer_table, start, end)
 
     def _active_segment(self, pdir: str):
         """(base, published size) of the segment a live owner is appending
@@ -372,7 +358,7 @@ class _Checker:
         if not self.live:
             return None
         try:
-            with open(os.path.join(pdir, "readview"), "rb") as f:
+            with open(os.path.join(pdir, READVIEW_FILE), "rb") as f:
                 rv = readonly.read_readview(f.read())
         except OSError:
             return None
@@ -398,9 +384,8 @@ class _Checker:
         return raw[:whole]
 
     def _indexes(self, pdir: str, seg: Segment, damaged: bool, active: bool = False) -> None:
-        stem = os.path.join(pdir, f"{seg.base_offset:020d}")
-        raw = self._entries(stem + ".index", INDEX_ENTRY.itemsize, active)
-        traw = self._entries(stem + ".timeindex", INDEX_ENTRY.itemsize, active)
+        raw = self._entries(segment_file(pdir, seg.base_offset, INDEX_SUFFIX), INDEX_ENTRY.itemsize, active)
+        traw = self._entries(segment_file(pdir, seg.base_offset, TIMEINDEX_SUFFIX), INDEX_ENTRY.itemsize, active)
         if raw is not None and traw is not None:       # else opening rebuilds both
             off, tix = np.frombuffer(raw, INDEX_ENTRY), np.frombuffer(traw, INDEX_ENTRY)
             if damaged:
@@ -410,13 +395,14 @@ class _Checker:
             problem = index_problem(seg, off["a"], off["b"], tix["a"], tix["b"])
             if problem is not None:
                 suffix, i, reason = problem
-                self.report.problem(stem + suffix, i * INDEX_ENTRY.itemsize,
+                self.report.problem(segment_file(pdir, seg.base_offset, suffix), i * INDEX_ENTRY.itemsize,
                                     f"entry {reason} of {os.path.basename(seg.path)}; the broker rebuilds "
                                     f"the index from the segment (on open, or in its background index "
                                     f"check)", REPAIRABLE)
-        raw = self._entries(stem + ".txnindex", TXNINDEX_ENTRY.size)
+        txnindex = segment_file(pdir, seg.base_offset, TXNINDEX_SUFFIX)
+        raw = self._entries(txnindex, TXNINDEX_ENTRY.size)
         if raw is not None:
-            self._txn_index(stem + ".txnindex", raw, seg, damaged)
+            self._txn_index(txnindex, raw, seg, damaged)
 
     def _batch_base(self, seg: Segment, offset: int):
         """(position, batch info) of the batch starting at ``offset``, or None."""
@@ -438,7 +424,7 @@ class _Checker:
         readers skip that transaction as aborted), so one that does not
         name an ABORT marker of its transaction is corrupt."""
         size_ = TXNINDEX_ENTRY.size
-        entries, bad = _txnindex_entries(raw)
+        entries, bad = txnindex_entries(raw)
         for i, (hi, lo, _pid, first, marker) in enumerate(entries):
             if damaged and marker >= seg.next_offset:
                 return                  # opening cuts it with the damaged log
@@ -449,7 +435,7 @@ class _Checker:
                 return
             found = self._batch_base(seg, marker)
             info = found and found[1]
-            if (not info or info.flags & MARKER_FLAGS[False] != MARKER_FLAGS[False]
+            if (not info or info.flags & ABORT_MARKER != ABORT_MARKER
                     or (info.txn_hi, info.txn_lo) != (hi, lo) or first > marker):
                 self.report.problem(path, i * size_, f"entry (first offset {first}, marker {marker}) does "
                                                      f"not name an ABORT marker of its transaction in "
@@ -458,22 +444,6 @@ class _Checker:
                 return
         if bad is not None:
             self.report.problem(path, bad * size_, "entry fails its CRC", REPAIRABLE)
-
-    def _recovery_point(self, pdir: str, bases: list):
-        """(segment base, position, next offset) of a sound recovery point,
-        else None (a missing or damaged one is reported)."""
-        path = os.path.join(pdir, "recovery-point")
-        if not os.path.exists(path):
-            self.report.problem(path, 0, "missing; the next open scans every segment", REPAIRABLE)
-            return None
-        self._done(path)
-        with open(path, "rb") as f:
-            raw = f.read()
-        try:
-            return parse_recovery_point(path, raw, bases)
-        except CorruptLogError as e:
-            self.report.problem(path, e.position, f"{e.reason}; the next open scans every segment", REPAIRABLE)
-            return None
 
     def _recovery_point_in(self, pdir: str, point: tuple, seg: Segment, damaged: bool) -> None:
         """The recovery point's position is a batch boundary of its segment
@@ -487,7 +457,7 @@ class _Checker:
             found = self._batch_base(seg, next_offset)
             ok = found is not None and found[0] == pos
         if not ok:
-            self.report.problem(os.path.join(pdir, "recovery-point"), 16,
+            self.report.problem(os.path.join(pdir, RECOVERY_POINT_FILE), RP_POSITION_OFFSET,
                                 f"claims segment {base} checked to byte {pos}, where offset {next_offset} "
                                 f"starts; its batches say otherwise (they end at byte {seg.size}, "
                                 f"offset {seg.next_offset})", REPAIRABLE)

@@ -1,0 +1,234 @@
+"""Every file of a partition directory, by name, and the fixed layouts of
+its side files (docs/FORMAT.md has the bytes).
+
+``<data>/topics/<topic>/<p>/``:
+
+- ``<base:020d>.log``: a segment, ``<base>`` its first offset; with it
+  ``<base>.index``, ``<base>.timeindex`` (``txmq.storage.index``) and
+  ``<base>.txnindex``, created and deleted together (:data:`SEGMENT_FILES`);
+- ``recovery-point`` (40 bytes)::
+
+      0  4  magic b"TXRP"          16  8  position in that segment
+      4  1  version 1               24  8  next offset at that position
+      5  3  reserved                32  4  crc32c of bytes [0, 32)
+      8  8  segment base offset     36  4  reserved
+
+- ``txnbuffer.snap``: ``<4s magic b"TXTB", u8 version 1, u8 flags,
+  2 reserved, i64 replay-from offset>``, the ongoing and aborted tables
+  (``_txn`` ``to_bytes``), crc32c of everything before it;
+- ``producers.snap``: ``<4s magic b"TXPS", u8 version 1, 3 reserved,
+  i64 replay-from offset>``, the producer table (``_producers``
+  ``to_bytes``), crc32c of everything before it;
+- ``<base>.txnindex``: 48-byte entries ``<u64 txn hi, u64 txn lo, i64
+  producer id, i64 first offset, i64 marker offset, u32 crc32c of the 40
+  bytes before it, 4 reserved>``;
+- ``readview``: the read view (``_readview``).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from txmq._log import crc32c_of
+from txmq._producers import ProducerStates
+from txmq._txn import AbortSet, OngoingQueue
+from txmq.errors import CorruptLogError
+
+SEGMENT_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+TXNINDEX_SUFFIX = ".txnindex"
+SEGMENT_FILES = (SEGMENT_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX)   # deleted together
+RECOVERY_POINT_FILE = "recovery-point"
+TXNBUF_FILE = "txnbuffer.snap"
+PRODUCERS_FILE = "producers.snap"
+READVIEW_FILE = "readview"
+PARTITION_FILES = (RECOVERY_POINT_FILE, TXNBUF_FILE, PRODUCERS_FILE, READVIEW_FILE)
+
+RECOVERY_POINT = struct.Struct("<4sB3xqqqI4x")
+RECOVERY_POINT_MAGIC = b"TXRP"
+RECOVERY_POINT_VERSION = 1
+RP_VERSION_OFFSET = 4
+RP_BASE_OFFSET = RP_VERSION_OFFSET + 4
+RP_POSITION_OFFSET = RP_BASE_OFFSET + 8
+RP_NEXT_OFFSET_OFFSET = RP_POSITION_OFFSET + 8
+RP_CRC_OFFSET = RP_NEXT_OFFSET_OFFSET + 8
+assert RECOVERY_POINT.size == 40 and RP_CRC_OFFSET == 32
+
+TXNBUF_MAGIC = b"TXTB"
+TXNBUF_VERSION = 1
+TXNBUF_HEAD = struct.Struct("<4sBB2xq")
+TXNBUF_HAS_TXN_DATA = 1      # flags: the log has held transactional batches
+assert TXNBUF_HEAD.size == 16
+
+PRODUCERS_MAGIC = b"TXPS"
+PRODUCERS_VERSION = 1
+PRODUCERS_HEAD = struct.Struct("<4sB3xq")
+assert PRODUCERS_HEAD.size == 16
+
+TXNINDEX_ENTRY = struct.Struct("<QQqqqI4x")
+TXNINDEX_CRC_OFFSET = 40
+assert TXNINDEX_ENTRY.size == 48
+
+
+# -- names ---------------------------------------------------------------------------
+
+def segment_file(directory: str, base: int, suffix: str = SEGMENT_SUFFIX) -> str:
+    """The path of segment ``base``'s file with ``suffix``."""
+    return os.path.join(directory, f"{base:020d}{suffix}")
+
+
+def segment_bases(directory: str, names=None) -> list:
+    """The base offsets of the segments in ``directory`` (of ``names``,
+    its listing, when given), sorted."""
+    names = os.listdir(directory) if names is None else names
+    n = len(SEGMENT_SUFFIX)
+    return sorted(int(name[:-n]) for name in names if name.endswith(SEGMENT_SUFFIX) and name[:-n].isdigit())
+
+
+def known_files(bases) -> set:
+    """The names a partition directory with segments ``bases`` holds."""
+    out = set(PARTITION_FILES)
+    for base in bases:
+        out |= {f"{base:020d}{suffix}" for suffix in SEGMENT_FILES}
+    return out
+
+
+def is_leftover(name: str) -> bool:
+    """A temporary file of a write a crash cut short (opening removes it)."""
+    return name.endswith(".tmp") and (name.startswith((TXNBUF_FILE + ".", PRODUCERS_FILE + "."))
+                                      or name.endswith((".index.tmp", ".timeindex.tmp", ".txnindex.tmp")))
+
+
+# -- recovery point --------------------------------------------------------------------
+
+def recovery_point_bytes(base: int, position: int, next_offset: int) -> bytes:
+    body = RECOVERY_POINT.pack(RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION, base, position, next_offset, 0)
+    return body[:RP_CRC_OFFSET] + struct.pack("<I4x", crc32c_of(body[:RP_CRC_OFFSET]))
+
+
+def parse_recovery_point(path: str, raw: bytes, bases) -> tuple:
+    """(segment base, position, next offset) of recovery-point bytes ``raw``
+    of a partition whose segments start at ``bases``; CorruptLogError (at
+    the byte it is about) when they are not a sound one. Whether the
+    position lies in its segment is the caller's to check."""
+    if len(raw) < RECOVERY_POINT.size:
+        raise CorruptLogError(path, len(raw), f"{len(raw)} bytes, expected {RECOVERY_POINT.size}")
+    magic, version, base, pos, next_offset, crc = RECOVERY_POINT.unpack_from(raw)
+    if magic != RECOVERY_POINT_MAGIC:
+        raise CorruptLogError(path, 0, f"bad magic {magic!r}")
+    if version != RECOVERY_POINT_VERSION:
+        raise CorruptLogError(path, RP_VERSION_OFFSET, f"unknown version {version}")
+    if crc != crc32c_of(raw[:RP_CRC_OFFSET]):
+        raise CorruptLogError(path, RP_CRC_OFFSET, "CRC mismatch")
+    if base not in bases:
+        raise CorruptLogError(path, RP_BASE_OFFSET, f"names segment {base}, which does not exist")
+    if pos < 0 or next_offset < base:
+        raise CorruptLogError(path, RP_POSITION_OFFSET,
+                              f"position {pos} or next offset {next_offset} is out of range")
+    return base, pos, next_offset
+
+
+# -- snapshots ---------------------------------------------------------------------------
+
+def sealed(body: bytes) -> bytes:
+    """``body`` followed by its crc32c: a snapshot file's bytes."""
+    return body + struct.pack("<I", crc32c_of(body))
+
+
+def parse_snapshot(path: str, raw: bytes, magic: bytes, version: int, head: struct.Struct, parse_tables):
+    """(header fields, parse_tables(tables)) of the bytes ``raw`` of a
+    snapshot file (txnbuffer.snap, producers.snap: ``head``, the tables,
+    a crc32c of all before it); CorruptLogError (at the byte it is about)
+    when they fail a check. Whether its offset, the last header field,
+    lies in the log is the caller's to check."""
+    if len(raw) < head.size + 8:
+        raise CorruptLogError(path, len(raw), "shorter than its header and CRC")
+    if struct.unpack_from("<I", raw, len(raw) - 4)[0] != crc32c_of(raw[:-4]):
+        raise CorruptLogError(path, len(raw) - 4, "CRC mismatch")
+    fields = head.unpack_from(raw)
+    if fields[0] != magic:
+        raise CorruptLogError(path, 0, f"bad magic {fields[0]!r}")
+    if fields[1] != version:
+        raise CorruptLogError(path, 4, f"unknown version {fields[1]}")
+    try:
+        return fields, parse_tables(raw[head.size:-4])
+    except (ValueError, OverflowError, struct.error) as e:
+        raise CorruptLogError(path, head.size, f"tables do not parse: {e}") from None
+
+
+def parse_txn_tables(body: bytes):
+    """(OngoingQueue, AbortSet) of a txnbuffer.snap's tables."""
+    ongoing, n = OngoingQueue.from_bytes(body)
+    aborted, m = AbortSet.from_bytes(body[n:])
+    if n + m != len(body):
+        raise ValueError("stray bytes after the tables")
+    return ongoing, aborted
+
+
+def parse_producer_table(body: bytes):
+    """The ProducerStates of a producers.snap's table."""
+    table, n = ProducerStates.from_bytes(body)
+    if n != len(body):
+        raise ValueError("stray bytes after the producer table")
+    return table
+
+
+def txn_snapshot_bytes(flags: int, offset: int, ongoing, aborted) -> bytes:
+    return sealed(TXNBUF_HEAD.pack(TXNBUF_MAGIC, TXNBUF_VERSION, flags, offset)
+                  + ongoing.to_bytes() + aborted.to_bytes())
+
+
+def producer_snapshot_bytes(offset: int, producers) -> bytes:
+    return sealed(PRODUCERS_HEAD.pack(PRODUCERS_MAGIC, PRODUCERS_VERSION, offset) + producers.to_bytes())
+
+
+def read_txn_snapshot(path: str):
+    """``((magic, version, flags, offset), (ongoing, aborted))`` of the
+    txnbuffer.snap at ``path``; None when it is missing, CorruptLogError
+    when it fails a check."""
+    return _read_snapshot(path, TXNBUF_MAGIC, TXNBUF_VERSION, TXNBUF_HEAD, parse_txn_tables)
+
+
+def read_producer_snapshot(path: str):
+    """``((magic, version, offset), producers)`` of the producers.snap at
+    ``path``; None when it is missing, CorruptLogError when it fails a check."""
+    return _read_snapshot(path, PRODUCERS_MAGIC, PRODUCERS_VERSION, PRODUCERS_HEAD, parse_producer_table)
+
+
+def _read_snapshot(path, magic, version, head, parse):
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    return parse_snapshot(path, raw, magic, version, head, parse)
+
+
+# -- the aborted-transaction index -----------------------------------------------------
+
+def txnindex_bytes(entries) -> bytes:
+    """.txnindex entries (hi, lo, producer id, first, marker), each sealed
+    with the CRC of its first 40 bytes."""
+    out = []
+    for entry in entries:
+        body = TXNINDEX_ENTRY.pack(*entry, 0)[:TXNINDEX_CRC_OFFSET]
+        out.append(body + struct.pack("<I4x", crc32c_of(body)))
+    return b"".join(out)
+
+
+def txnindex_entries(raw: bytes):
+    """(entries, bad) of .txnindex bytes: the entries (hi, lo, producer id,
+    first, marker) up to the first that fails its CRC, and that one's
+    number (None when every whole entry passes; a torn last one is left
+    out). Whether an entry's marker is in its segment is the caller's
+    question: opening cuts the file at the first that is not."""
+    out = []
+    size = TXNINDEX_ENTRY.size
+    for i in range(len(raw) // size):
+        *entry, crc = TXNINDEX_ENTRY.unpack_from(raw, i * size)
+        if crc != crc32c_of(raw[i * size:i * size + TXNINDEX_CRC_OFFSET]):
+            return out, i
+        out.append(tuple(entry))
+    return out, None

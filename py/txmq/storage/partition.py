@@ -1,0 +1,455 @@
+"""A partition: its log, transaction buffer and producer state, behind one
+lock, and the read view it publishes for other processes.
+
+Each concept has its module: ``txmq.storage.log`` (segments, indexes,
+recovery point, durability, lock-free reads: :class:`Partition` is a
+``SegmentLog``), ``txmq.storage.txnbuffer`` (open and aborted
+transactions, ``.txnindex``), ``txmq.storage.producer_state`` (idempotent
+producers), ``txmq.storage.retention`` (which segments may go). This
+module composes them: an append checks the producer state,
+enters a transaction in the buffer, writes the batch and publishes; a
+checkpoint writes the recovery point and then both snapshots
+(``txnbuffer.snap``, ``producers.snap``) as of the same log end; opening
+loads the log, then the snapshots, and replays the batch headers after the
+lower of their offsets.
+
+``readview`` (DESIGN.md §8, ``txmq.readonly``): log start, log end,
+max_read_position, the active segment's base and size, published under the
+partition lock after the bytes (and the .txnindex entry of an abort) it
+vouches for.
+
+Appends take the partition lock; reads take no lock (a reader only looks
+below ``end_offset``, which moves after the bytes are in place).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from txmq._log import FLAG, BatchSpec, SegmentClosedError
+from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
+from txmq.errors import CorruptLogError
+from txmq.files import write_atomic
+from txmq.storage import retention
+from txmq.storage.delivery import never_delivered, undelivered
+from txmq.storage.layout import (PRODUCERS_FILE, READVIEW_FILE, TXNBUF_FILE, is_leftover, read_producer_snapshot,
+                                 read_txn_snapshot)
+from txmq.storage.loader import Dropped
+from txmq.storage.log import SegmentLog
+from txmq.storage.producer_state import DEFAULT_PRODUCER_EXPIRATION_MS, ProducerState
+from txmq.storage.txnbuffer import MARKER_FLAGS, TxnBuffer
+
+TRANSACTIONAL = FLAG["transactional"]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Partition(SegmentLog):
+    """One partition. Thread-safe for appends; reads are lock-free."""
+
+    def __init__(self, path, topic: str, index: int, *, fsync: str = "commit",
+                 segment_bytes_max: int = 256 * 1024 * 1024, max_message_bytes: int = 5 * 1024 * 1024,
+                 index_interval_bytes: int = 4096, clock=now_ms,
+                 producer_expiration_ms: int = DEFAULT_PRODUCER_EXPIRATION_MS):
+        super().__init__(os.fspath(path), f"{topic}/{index}", fsync=fsync, segment_bytes_max=segment_bytes_max,
+                         max_message_bytes=max_message_bytes, index_interval_bytes=index_interval_bytes, clock=clock)
+        self.topic = topic
+        self.index = index
+        self._sync_always = fsync == "always"
+        self.txns = TxnBuffer(self.path, fsync)
+        self.producer_state = ProducerState(topic, index, producer_expiration_ms)
+        self._listeners = []             # called with no lock held after an append
+        os.makedirs(self.path, exist_ok=True)
+        # Readers stop trusting the last opening's readview before recovery
+        # cuts a tail or rewrites a .txnindex, and trust this one after.
+        self._readview = ReadViewWriter(os.path.join(self.path, READVIEW_FILE))
+        self._readview.publish(RV_RECOVERING, 0, 0, 0, 0, 0, 0)
+        self._open()
+        self._recover()
+        with self.lock:
+            self._publish(self.end_offset)
+
+    # -- what is there (the buffer's, the producer table's) -----------------------
+
+    @property
+    def max_read_position(self) -> int:
+        """Where READ_COMMITTED reads stop (Kafka's last stable offset): the
+        first offset of the oldest transaction still open here, or the log
+        end when none is."""
+        end = self._segments[-1].next_offset     # read first: see txmq.storage.txnbuffer
+        return self.txns.ongoing.max_read_position(end)
+
+    @property
+    def ongoing(self):
+        """The open transactions (``_txn.OngoingQueue``)."""
+        return self.txns.ongoing
+
+    @property
+    def aborted(self):
+        """The aborted transactions with data in the log (``_txn.AbortSet``)."""
+        return self.txns.aborted
+
+    @property
+    def txn_seen(self) -> bool:
+        """Whether the log has held a transactional batch (so a marker)."""
+        return self.txns.seen
+
+    @property
+    def producers(self):
+        """The producer table (``_producers.ProducerStates``)."""
+        return self.producer_state.table
+
+    def blocked_by(self):
+        """(TxnID, first offset, since ms) of the open transaction holding
+        ``max_read_position`` back, or None."""
+        return self.txns.blocked_by()
+
+    # -- appending -----------------------------------------------------------
+
+    def add_listener(self, cb) -> None:
+        self._listeners.append(cb)
+
+    def remove_listener(self, cb) -> None:
+        try:
+            self._listeners.remove(cb)
+        except ValueError:
+            pass
+
+    def append(self, spec: BatchSpec, flags: int = 0, txn=None,
+               producer_id: int = -1, producer_epoch: int = 0, base_sequence: int = -1,
+               sync: bool | None = None, fence=None) -> int:
+        """Append one batch; return its base offset.
+
+        ``txn`` (a coordinator's TxnMeta) makes it a batch of that
+        transaction: refused unless the transaction is open, and entered in
+        the transaction buffer. ``sync`` makes it durable before returning;
+        by default it follows the fsync mode (only ``"always"`` syncs plain
+        appends; a transaction's data is made durable by its commit). This
+        is the hot path of every send: keep it lean.
+
+        With ``producer_id`` >= 0 the batch is idempotent: ``base_sequence``
+        -1 takes the producer's next sequence here; an explicit one must be
+        the next (appended), or that of one of the producer's last 5
+        batches (nothing appended: that batch's base offset is returned).
+        Raises :class:`OutOfOrderSequenceError` (a gap),
+        :class:`DuplicateSequenceError` (an older sequence) or
+        :class:`ProducerFencedError` (a lower epoch than the partition has
+        seen, or ``fence.fenced``: an instance a newer one replaced).
+        """
+        if spec.max_message_bytes > self.max_message_bytes or spec.encoded_size() > self.segment_bytes_max:
+            raise self._too_large_error(spec)
+        retried = -1
+        with self.lock:
+            if not self._segments:
+                raise self._closed_error()
+            if producer_id >= 0:
+                if fence is not None and fence.fenced:
+                    raise fence.fenced_error()
+                if base_sequence < 0:        # the next one (inline: the common case)
+                    base_sequence = self.producer_state.next_sequence(producer_id, producer_epoch)
+                else:
+                    retried = self._retried(spec, producer_id, producer_epoch, base_sequence, txn)
+            if retried >= 0:
+                base, end = retried, retried + spec.count
+            else:                            # inline, not a method: the hot path of every send
+                txn_hi = txn_lo = 0
+                added = False
+                if txn is not None:
+                    txn.check_open("send")
+                    txn_hi, txn_lo = txn.words
+                    flags |= TRANSACTIONAL
+                    # Entered before its bytes are readable: see txmq.storage.txnbuffer.
+                    added = self.txns.begin(txn_hi, txn_lo, self.end_offset, self.clock())
+                try:
+                    base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                               base_sequence)
+                except BaseException:
+                    if added:
+                        self.txns.undo_begin(txn_hi, txn_lo)
+                    raise
+                if producer_id >= 0:
+                    self.producer_state.record(producer_id, producer_epoch, base_sequence, spec.count, base,
+                                               self.last_publish_time)
+                self._maybe_checkpoint()
+                end = self.end_offset
+                self._publish(end)
+        # A retry's answer waits for the sync too: the first send of that
+        # batch may still be making it durable on another thread.
+        if txn is None and (self._sync_always if sync is None else sync):
+            self.sync_to(end)
+        if self._listeners and retried < 0:
+            for cb in self._listeners:
+                cb(self)
+        return base
+
+    def _retried(self, spec: BatchSpec, producer_id: int, epoch: int, seq: int, txn) -> int:
+        """For an explicit sequence ``seq``: -1 when the batch is to be
+        appended, or the base offset of the cached batch it retries
+        (partition lock held)."""
+        r = self.producer_state.check(producer_id, epoch, seq, spec.count)
+        if r >= 0:
+            if txn is not None:
+                txn.check_open("send")       # a late retry never answers for an ended transaction
+            seg, pos = self.segment_for(r)
+            info = seg.batch_at(pos)
+            if (info.txn_hi, info.txn_lo) != (txn.words if txn is not None else (0, 0)):
+                # The sequence was spent in another transaction (or outside
+                # one): answering with that batch would report this one sent.
+                raise self.producer_state.duplicate(producer_id, epoch, seq)
+        return r
+
+    def last_sequence(self, producer_id: int) -> int:
+        """The last sequence ``producer_id`` appended here, or -1."""
+        with self.lock:
+            return self.producer_state.last_sequence(producer_id)
+
+    def _roll(self) -> None:
+        """Roll the log (partition lock held), and write both snapshots as
+        of the new recovery point."""
+        super()._roll()
+        self._write_snapshots()
+
+    def _checkpoint(self) -> None:
+        """A recovery point at the log end, then both snapshots as of it, so
+        opening scans and replays only what came after (partition lock
+        held). A batch's effects (producer table, transaction buffer) are
+        recorded before it: a snapshot taken in between would claim the
+        batch without them."""
+        super()._checkpoint()
+        self._write_snapshots()
+
+    def _publish(self, end: int, state: int = RV_LIVE) -> None:
+        """Publish the readview as of log end ``end`` (partition lock held).
+        Called after the bytes below ``end`` are in the segment, a marker's
+        transaction left ``ongoing`` and an abort's .txnindex entry is
+        written: a reader that reads the readview first finds them all."""
+        segs = self._segments
+        active = segs[-1]
+        self._readview.publish(state, segs[0].base_offset, end, self.txns.ongoing.max_read_position(end),
+                               active.base_offset, active.size, self.txns.aborted.version)
+
+    # -- as a transaction participant (the coordinator's interface) ---------------
+
+    def prepare_txn(self, txn_id) -> None:
+        """Commit step 1: every byte appended so far is durable."""
+        self.sync_to(self.end_offset)
+
+    def end_txn(self, txn_id, commit: bool) -> int:
+        """Write the COMMIT / ABORT marker of ``txn_id`` and take it out of
+        ``ongoing``; return the marker's offset, or -1 when the transaction
+        has no open data here (already ended, or it never wrote here):
+        ending twice changes nothing."""
+        hi, lo = txn_id.words
+        with self.lock:
+            if not self._segments:
+                raise self._closed_error()
+            first = self.txns.ongoing.first_offset_of(hi, lo)
+            if first < 0:
+                return -1
+            # The marker carries the producer of the transaction's first batch
+            # here, as a Kafka marker does.
+            pid, epoch = self._producer_at(first)
+            base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
+            self.txns.ended(hi, lo, commit, base, pid, self.segment_base(base))
+            self._maybe_checkpoint()
+            self._publish(self.end_offset)
+            snapshot = self.txns.count_end()
+        if snapshot:
+            self.snapshot_txn_buffer()
+        if self._listeners:
+            for cb in self._listeners:
+                cb(self)
+        return base
+
+    def _producer_at(self, offset: int):
+        """(producer id, epoch) of the batch starting at ``offset``, or (-1, 0)."""
+        info = self.batch_starting_at(offset)
+        return (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
+
+    def aborted_transactions(self, from_offset: int, to_offset: int) -> list:
+        """``[(producer id, first offset, last offset)]`` of the aborted
+        transactions with data in [from_offset, to_offset), oldest first,
+        read from the .txnindex of the segments (Kafka's Fetch response field;
+        last offset is the ABORT marker's)."""
+        with self.lock:
+            return self.txns.aborted_transactions(self._segments, from_offset, to_offset)
+
+    # -- what a reader is handed (txmq.storage.delivery) ---------------------------------
+
+    def never_delivered(self, info, skip_aborted: bool) -> bool:
+        """A marker, or (with ``skip_aborted``, READ_COMMITTED) a batch of
+        an aborted transaction."""
+        return never_delivered(info, self.txns.aborted, skip_aborted)
+
+    def undeliverable(self, start: int, end: int, skip_aborted: bool, acked=None) -> int:
+        """How many offsets in [start, end) are never delivered: markers,
+        and with ``skip_aborted`` (READ_COMMITTED) aborted data; with
+        ``acked`` (an AckSet) only those not in it (a reader passing them
+        acknowledges them, so a cursor's backlog must not subtract them
+        twice). Scans the batch headers of the range; 0 at once for a log
+        that never held a transaction."""
+        if not self.txns.seen or end <= start:
+            return 0
+        try:
+            return undelivered(self.headers(start, end), start, end, self.txns.aborted, skip_aborted, acked)
+        except SegmentClosedError:   # retention moved the start: count what is left
+            return self.undeliverable(max(start, self.start_offset), end, skip_aborted, acked)
+
+    # -- snapshots: the transaction buffer and the producer table ------------------
+
+    def snapshot_txn_buffer(self, if_changed: bool = False) -> bool:
+        """Write ``txnbuffer.snap``: the buffer as of the log end. Opening
+        then replays only the batches after it."""
+        with self.lock:
+            if not self._segments or (if_changed and not self.txns.changed()):
+                return False
+            self.txns.sync_txnindex()          # the snapshot's offset vouches for the entries below it
+            raw = self.txns.snapshot_bytes(self.end_offset)
+        self._write_snapshot(TXNBUF_FILE, raw)
+        return True
+
+    def expire_producers(self) -> int:
+        """Forget the producer ids whose last batch here is older than
+        ``producer_expiration_ms``; return how many (the broker's timer
+        calls it; snapshots do it too)."""
+        with self.lock:
+            return self._expire_producers()
+
+    def _expire_producers(self) -> int:
+        """(partition lock held) See ``ProducerState.expire``: the oldest
+        open transaction here keeps the producers that wrote since."""
+        oldest = self.txns.ongoing.oldest()
+        return self.producer_state.expire(self.clock, None if oldest is None else oldest[3])
+
+    def _write_snapshots(self) -> None:
+        """Both snapshots as of the log end, and the .txnindex entries so
+        far durable: a recovery point may now trust all three (partition
+        lock held)."""
+        self.txns.sync_txnindex()
+        self._write_snapshot(TXNBUF_FILE, self.txns.snapshot_bytes(self.end_offset))
+        self._expire_producers()
+        self._write_snapshot(PRODUCERS_FILE, self.producer_state.snapshot_bytes(self.end_offset))
+
+    def _write_snapshot(self, name: str, raw: bytes) -> None:
+        # Any snapshot within the log is a correct starting point, so
+        # writers need no order: each renames its own temporary file.
+        write_atomic(os.path.join(self.path, name), raw, fsync=self.fsync != "never",
+                     tmp_suffix=f".{threading.get_ident()}.tmp")
+
+    def _read_snapshot(self, read, name: str):
+        """What ``read`` (``layout.read_txn_snapshot``,
+        ``read_producer_snapshot``) makes of snapshot ``name`` when its
+        CRC, magic and version check and its offset (the last header
+        field) lies in the log; otherwise None (a damaged one is reported)."""
+        path = os.path.join(self.path, name)
+        try:
+            snap = read(path)
+        except CorruptLogError as e:
+            self.report(Dropped(path, e.position, f"snapshot unusable ({e.reason}); rebuilt from the log"))
+            return None
+        if snap is None or not self.start_offset <= snap[0][-1] <= self.end_offset:
+            # Taken past a tail that recovery cut, or before retention
+            # deleted what it starts from: rebuild from the log.
+            return None
+        return snap
+
+    def _recover(self) -> None:
+        """Load the transaction-buffer and producer snapshots and replay the
+        batch headers after them; load the .txnindex files."""
+        for name in os.listdir(self.path):
+            if is_leftover(name):
+                _unlink(os.path.join(self.path, name))      # a write a crash cut short
+        had_snapshots = all(os.path.exists(os.path.join(self.path, n)) for n in (TXNBUF_FILE, PRODUCERS_FILE))
+        txns, producers = self.txns, self.producer_state
+        txns.replay_from = producers.replay_from = self.start_offset
+        txn_snap = self._read_snapshot(read_txn_snapshot, TXNBUF_FILE)
+        if txn_snap is not None:
+            txns.restore(txn_snap)
+        prod_snap = self._read_snapshot(read_producer_snapshot, PRODUCERS_FILE)
+        if prod_snap is not None:
+            producers.restore(prod_snap)
+        txns.load_txnindex(self._segments, lambda offset: self._producer_at(offset)[0], self.report)
+        seg, pos = self.segment_for(min(txns.replay_from, producers.replay_from))
+        replayed = 0
+        while seg is not None:
+            replayed += 1
+            info = seg.batch_at(pos)
+            txns.replay(info, seg.base_offset)
+            producers.replay(info)
+            seg, pos = self.next_batch(seg, pos)
+        txns.aborted.trim_below(self.start_offset)
+        if replayed or not had_snapshots or txn_snap is None or prod_snap is None:
+            # A snapshot that was refused (or is behind) must not be found
+            # again once the log grows past its offset: replace it now.
+            with self.lock:
+                self._write_snapshots()
+
+    # -- retention -----------------------------------------------------------
+
+    def delete_segments(self, keep_from_offset: int, retention_ms: int | None,
+                        retention_bytes: int | None) -> int:
+        """Delete whole sealed segments that retention allows
+        (``txmq.storage.retention``) and that end at or below
+        ``keep_from_offset``; return how many were deleted."""
+        with self.lock:
+            n = retention.deletable(self._segments, keep_from_offset, retention_ms, retention_bytes,
+                                    self.clock())
+            for _ in range(n):
+                seg = self._detach_first()
+                self._publish(self.end_offset)     # readers leave the segment before it goes
+                self._delete_segment(seg)
+                self.txns.forget_segment(seg.base_offset)
+            if n:
+                self.txns.aborted.trim_below(self.start_offset)
+        return n
+
+    # -- lifetime --------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write indexes and a recovery point for everything appended so far."""
+        with self.lock:
+            if not self._segments:
+                raise self._closed_error()
+            self._checkpoint()
+
+    def close(self) -> None:
+        with self.lock:
+            if not self._segments:
+                return
+            self._write_snapshots()
+            self._seal_active()
+            self._publish(self.end_offset, RV_CLOSED)
+            self._close_segments()
+            self._readview.close()
+
+    def __repr__(self) -> str:
+        return f"Partition({self.topic!r}, {self.index})"
+
+    def stats(self) -> dict:
+        segs = self._segments
+        return {
+            "start_offset": segs[0].base_offset if segs else None,
+            "end_offset": segs[-1].next_offset if segs else None,
+            "bytes": sum(s.size for s in segs),
+            "segments": len(segs),
+            "truncated_on_open": [str(d) for d in self.dropped],
+            "producer_ids": len(self.producer_state),
+        } | self.txn_stats()
+
+    def txn_stats(self) -> dict:
+        """max_read_position, open and aborted transaction counts, and the
+        open transaction holding max_read_position back (and since when)."""
+        if not self._segments:
+            return {"max_read_position": None} | self.txns.stats() | {"blocked_by": None, "blocked_since_ms": None}
+        return {"max_read_position": self.max_read_position} | self.txns.stats()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
