@@ -29,6 +29,7 @@ import threading
 import time
 
 from txmq._log import FLAG, BatchSpec, SegmentClosedError
+from txmq._producers import FENCED
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
 from txmq.errors import CorruptLogError
 from txmq.files import write_atomic
@@ -150,7 +151,9 @@ class Partition(SegmentLog):
                 if fence is not None and fence.fenced:
                     raise fence.fenced_error()
                 if base_sequence < 0:        # the next one (inline: the common case)
-                    base_sequence = self.producer_state.next_sequence(producer_id, producer_epoch)
+                    base_sequence = self.producer_state.table.next_sequence(producer_id, producer_epoch)
+                    if base_sequence == FENCED:
+                        raise self.producer_state.fenced(producer_id, producer_epoch)
                 else:
                     retried = self._retried(spec, producer_id, producer_epoch, base_sequence, txn)
             if retried >= 0:
@@ -162,8 +165,11 @@ class Partition(SegmentLog):
                     txn.check_open("send")
                     txn_hi, txn_lo = txn.words
                     flags |= TRANSACTIONAL
-                    # Entered before its bytes are readable: see txmq.storage.txnbuffer.
-                    added = self.txns.begin(txn_hi, txn_lo, self.end_offset, self.clock())
+                    # Entered before its bytes are readable: see txmq.storage.txnbuffer
+                    # (TxnBuffer.begin, inline: the hot path of every transactional send).
+                    txns = self.txns
+                    txns.seen = True
+                    added = txns.ongoing.add(txn_hi, txn_lo, self.end_offset, self.clock())
                 try:
                     base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                                                base_sequence)
@@ -171,9 +177,9 @@ class Partition(SegmentLog):
                     if added:
                         self.txns.undo_begin(txn_hi, txn_lo)
                     raise
-                if producer_id >= 0:
-                    self.producer_state.record(producer_id, producer_epoch, base_sequence, spec.count, base,
-                                               self.last_publish_time)
+                if producer_id >= 0:         # (ProducerState.record, inline)
+                    self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
+                                                     self.last_publish_time)
                 self._maybe_checkpoint()
                 end = self.end_offset
                 self._publish(end)
@@ -190,7 +196,9 @@ class Partition(SegmentLog):
         """For an explicit sequence ``seq``: -1 when the batch is to be
         appended, or the base offset of the cached batch it retries
         (partition lock held)."""
-        r = self.producer_state.check(producer_id, epoch, seq, spec.count)
+        r = self.producer_state.table.check(producer_id, epoch, seq, spec.count)
+        if r < -1:                          # (ProducerState.check raises for the code; inline: hot path)
+            self.producer_state.check(producer_id, epoch, seq, spec.count)
         if r >= 0:
             if txn is not None:
                 txn.check_open("send")       # a late retry never answers for an ended transaction
@@ -205,7 +213,7 @@ class Partition(SegmentLog):
     def last_sequence(self, producer_id: int) -> int:
         """The last sequence ``producer_id`` appended here, or -1."""
         with self.lock:
-            return self.producer_state.last_sequence(producer_id)
+            return self.producer_state.table.last_sequence(producer_id)     # (inline: every half message)
 
     def _roll(self) -> None:
         """Roll the log (partition lock held), and write both snapshots as
@@ -252,12 +260,13 @@ class Partition(SegmentLog):
                 return -1
             # The marker carries the producer of the transaction's first batch
             # here, as a Kafka marker does.
-            pid, epoch = self._producer_at(first)
+            info = self.batch_starting_at(first)
+            pid, epoch = (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
             base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
-            self.txns.ended(hi, lo, commit, base, pid, self.segment_base(base))
+            # (an abort is also indexed in its marker's segment)
+            snapshot = self.txns.ended(hi, lo, commit, base, pid, None if commit else self.segment_base(base))
             self._maybe_checkpoint()
             self._publish(self.end_offset)
-            snapshot = self.txns.count_end()
         if snapshot:
             self.snapshot_txn_buffer()
         if self._listeners:
@@ -265,10 +274,10 @@ class Partition(SegmentLog):
                 cb(self)
         return base
 
-    def _producer_at(self, offset: int):
-        """(producer id, epoch) of the batch starting at ``offset``, or (-1, 0)."""
+    def _producer_id_at(self, offset: int) -> int:
+        """The producer id of the batch starting at ``offset``, or -1."""
         info = self.batch_starting_at(offset)
-        return (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
+        return -1 if info is None else info.producer_id
 
     def aborted_transactions(self, from_offset: int, to_offset: int) -> list:
         """``[(producer id, first offset, last offset)]`` of the aborted
@@ -372,7 +381,7 @@ class Partition(SegmentLog):
         prod_snap = self._read_snapshot(read_producer_snapshot, PRODUCERS_FILE)
         if prod_snap is not None:
             producers.restore(prod_snap)
-        txns.load_txnindex(self._segments, lambda offset: self._producer_at(offset)[0], self.report)
+        txns.load_txnindex(self._segments, self._producer_id_at, self.report)
         seg, pos = self.segment_for(min(txns.replay_from, producers.replay_from))
         replayed = 0
         while seg is not None:

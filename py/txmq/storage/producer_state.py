@@ -70,10 +70,6 @@ class ProducerState:
         """A batch of ``producer_id`` was appended at ``base``."""
         self.table.record(producer_id, epoch, seq, count, base, publish_time)
 
-    def last_sequence(self, producer_id: int) -> int:
-        """The last sequence ``producer_id`` appended here, or -1."""
-        return self.table.last_sequence(producer_id)
-
     def expire(self, clock, oldest_open_since_ms: int | None) -> int:
         """Forget the producer ids whose last batch here is older than the
         expiration at ``clock()`` (read only when the table holds one);

@@ -111,18 +111,16 @@ class TxnBuffer:
         """The append that :meth:`begin` entered (hi, lo) for failed."""
         self.ongoing.remove(hi, lo)
 
-    def ended(self, hi: int, lo: int, commit: bool, marker_offset: int, producer_id: int, base: int) -> None:
-        """Transaction (hi, lo) ended at its marker, in segment ``base``:
-        see :func:`end_in_buffer`; an aborted one is also entered in that
-        segment's .txnindex."""
+    def ended(self, hi: int, lo: int, commit: bool, marker_offset: int, producer_id: int,
+              base: int | None) -> bool:
+        """Transaction (hi, lo) ended at its marker: see :func:`end_in_buffer`;
+        an aborted one is also entered in the .txnindex of its marker's
+        segment ``base``. Returns whether a snapshot is due: ends are
+        counted, and a snapshot's cost is what the buffer holds, so it is
+        spread over as many ends."""
         first = end_in_buffer(self.ongoing, self.aborted, hi, lo, commit, marker_offset)
         if not commit:
             self._index_abort((hi, lo, producer_id, first, marker_offset), base)
-
-    def count_end(self) -> bool:
-        """Count one more transaction ended since the last snapshot, and
-        say whether a snapshot is due: its cost is what the buffer holds,
-        so it is spread over as many ends."""
         self._ended_since_snapshot += 1
         return self._ended_since_snapshot >= max(SNAPSHOT_EVERY_TXNS, len(self.ongoing))
 
