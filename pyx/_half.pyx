@@ -45,7 +45,7 @@ import os
 
 import numpy as np
 
-from txmq._log import Mapping
+from txmq._mapping import Mapping
 
 from _bytes cimport load_i32, load_i64, load_u32, store_i32, store_i64, store_u32
 

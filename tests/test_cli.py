@@ -896,7 +896,7 @@ def test_check_recovery_point_the_broker_refuses(capsys, monkeypatch, logs):
     """A recovery point whose CRC checks but whose next offset lies below
     its segment is refused by opening (it scans every segment) and so
     reported by check; one open replaces it."""
-    from txmq._log import crc32c_of
+    from txmq._crc32c import crc32c_of
     rp = os.path.join(logs, "topics", "t", "0", "recovery-point")
     with open(rp, "rb") as f:
         magic, version, base, pos, _, _ = struct.unpack("<4sB3xqqqI4x", f.read())
@@ -912,7 +912,7 @@ def test_check_recovery_point_the_broker_refuses(capsys, monkeypatch, logs):
 
 
 def test_check_recovery_point_off_a_batch_boundary(capsys, logs):
-    from txmq._log import crc32c_of
+    from txmq._crc32c import crc32c_of
     rp = os.path.join(logs, "topics", "t", "0", "recovery-point")
     with open(rp, "rb") as f:
         raw = f.read()

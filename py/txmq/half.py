@@ -49,7 +49,8 @@ import numpy as np
 from txmq import _half, crashpoints
 from txmq._half import (COMMITTED, COMMITTING, DISCARDED, DISCARDING, EMPTY, F_GROUP, F_RECORD, F_UPDATE,
                         PREPARED, ROLLED_BACK, STATE_NAMES, StateTable)
-from txmq._log import BatchSpec, Message, crc32c_of
+from txmq._batch import BatchSpec, Message
+from txmq._crc32c import crc32c_of
 from txmq._partitioner import partition_for
 from txmq._redolog import RedoLog, sync_dir
 from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, InvalidArgumentError,

@@ -49,8 +49,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from txmq._log import (FIELD_OFFSETS, FLAG, HEADER_SIZE_BYTES, MAGIC, VERSION, BatchSpec, Segment,
-                       SegmentClosedError, crc32c_of)
+from txmq._batch import FIELD_OFFSETS, FLAG, HEADER_SIZE_BYTES, MAGIC, VERSION, BatchSpec
+from txmq._crc32c import crc32c_of
+from txmq._segment import Segment, SegmentClosedError
 from txmq._producers import DUPLICATE, FENCED, OUT_OF_ORDER, ProducerStates
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
 from txmq._redolog import sync_dir

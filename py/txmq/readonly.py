@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from txmq._log import FLAG, Segment
+from txmq._batch import FLAG
+from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
                        replay_pending)

@@ -28,7 +28,7 @@ from collections import deque
 import numpy as np
 
 from txmq._ackset import group_offsets
-from txmq._log import SegmentClosedError
+from txmq._segment import SegmentClosedError
 from txmq._redolog import RedoLog
 from txmq.batcharrow import batch_arrays
 from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from txmq import _half, readonly
-from txmq._log import Segment
+from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse
 from txmq._txn import replay_coordinator, replay_pending, replay_registry
 from txmq import datadir
