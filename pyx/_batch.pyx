@@ -19,8 +19,10 @@ the pieces once. Decoding works on a pointer into a mapped segment and a
 ``Sections`` that ``check_batch`` returned for it.
 
 Bounds: every batch is checked by ``check_batch`` before it is decoded, and
-every slice a decoder takes is checked against its section, so this module
-turns off Cython's own checks.
+every slice a decoder takes is checked against its section (a message's
+encoded headers are read through ``_reader.Reader``, which names the file
+position of a header field that runs past them), so this module turns off
+Cython's own checks.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE, PyBytes_Check, PyBytes_CheckExact
 from cpython.list cimport PyList_GET_ITEM
@@ -37,6 +39,7 @@ from _bytes cimport (load_u16, load_u32, load_i32, load_i16, load_i64, load_u64,
                      store_u32, store_i32, store_i16, store_i64, store_u64, align8,
                      txmq_crc32c_update, NOGIL_THRESHOLD)
 from _batch_layout cimport *
+from txmq._reader cimport Reader
 
 # Exported for the Python layers and the tests.
 HEADER_SIZE_BYTES = HEADER_SIZE
@@ -488,30 +491,22 @@ def encode_headers(h):
     return bytes(out)
 
 
-cdef list _decode_headers(const char *p, Py_ssize_t n):
-    """Inverse of encode_headers; raises ValueError on malformed input."""
-    cdef Py_ssize_t pos = 0, kl, vl
+cdef list _decode_headers(Reader r):
+    """Inverse of encode_headers, over the bytes ``r`` reads (one message's
+    headers); the reader's error at the first bad byte."""
+    cdef Py_ssize_t kl
     cdef uint32_t raw
+    cdef const char *at
     out = []
-    while pos < n:
-        if pos + 2 > n:
-            raise ValueError("header key length past the end")
-        kl = load_u16(p + pos)
-        pos += 2
-        if pos + kl + 4 > n:
-            raise ValueError("header key past the end")
-        k = p[pos:pos + kl].decode("utf-8", "replace")
-        pos += kl
-        raw = load_u32(p + pos)
-        pos += 4
+    while r.pos < r.end:
+        kl = r.u16()
+        at = r.take(kl)
+        k = at[:kl].decode("utf-8", "replace")
+        raw = r.u32()
         if raw == 0xFFFFFFFF:
             out.append((k, None))
             continue
-        vl = raw
-        if pos + vl > n:
-            raise ValueError("header value past the end")
-        out.append((k, PyBytes_FromStringAndSize(p + pos, vl)))
-        pos += vl
+        out.append((k, PyBytes_FromStringAndSize(r.take(raw), raw)))
     return out
 
 
@@ -753,6 +748,7 @@ cdef list decode_batch(const char *p, Sections s, object path, Py_ssize_t pos, i
     cdef int32_t header_bytes = <int32_t>load_u32(p + HEADER_BYTES_OFFSET)
     cdef Message m
     cdef list out = []
+    cdef Reader hr = Reader(path, "headers of offset") if flags & FLAG_HEADERS else None
     for i in range(i, end):
         if (flags & FLAG_NULL_KEYS) and not (<uint8_t>p[s.validity + (i >> 3)] & (1 << (i & 7))):
             key = None
@@ -774,10 +770,10 @@ cdef list decode_batch(const char *p, Sections s, object path, Py_ssize_t pos, i
             if hs < 0 or he > header_bytes or he < hs:
                 raise CorruptLogError(path, pos, f"headers {i} span [{hs}, {he}) of {header_bytes} bytes")
             if he > hs:
-                try:
-                    headers = _decode_headers(p + s.headers + hs, he - hs)
-                except ValueError as e:
-                    raise CorruptLogError(path, pos, f"headers of offset {base + i}: {e}")
+                # The mapping is pinned for the whole decode: the reader
+                # needs no owner.
+                hr.reset_ptr(p + s.headers + hs, he - hs, pos + s.headers + hs, base + i, None)
+                headers = _decode_headers(hr)
         if not as_messages:
             out.append((base + i, key, value, headers, first_et + load_i32(p + s.event_deltas + 4 * i)))
             continue
