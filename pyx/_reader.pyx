@@ -144,21 +144,27 @@ cdef class Reader:
         return <uint8_t>self.take(1)[0]
 
     cpdef uint16_t u16(self) except? 0:
+        """The next 2 bytes, unsigned."""
         return load_u16(self.take(2))
 
     cpdef int16_t i16(self) except? -1:
+        """The next 2 bytes, signed."""
         return load_i16(self.take(2))
 
     cpdef uint32_t u32(self) except? 0:
+        """The next 4 bytes, unsigned."""
         return load_u32(self.take(4))
 
     cpdef int32_t i32(self) except? -1:
+        """The next 4 bytes, signed."""
         return load_i32(self.take(4))
 
     cpdef uint64_t u64(self) except? 0:
+        """The next 8 bytes, unsigned."""
         return load_u64(self.take(8))
 
     cpdef int64_t i64(self) except? -1:
+        """The next 8 bytes, signed."""
         return load_i64(self.take(8))
 
     cpdef bytes read(self, Py_ssize_t count, Py_ssize_t size=1):
