@@ -499,10 +499,10 @@ cdef list _decode_headers(Reader r):
     cdef const char *at
     out = []
     while r.pos < r.end:
-        kl = r.u16()
+        kl = load_u16(r.take(2))
         at = r.take(kl)
         k = at[:kl].decode("utf-8", "replace")
-        raw = r.u32()
+        raw = load_u32(r.take(4))
         if raw == 0xFFFFFFFF:
             out.append((k, None))
             continue

@@ -105,16 +105,6 @@ cdef class Reader:
 
     # -- reads -----------------------------------------------------------------------
 
-    cdef const char *take(self, Py_ssize_t k) except NULL:
-        """The next ``k`` bytes (a pointer into the data), checked."""
-        cdef const char *at
-        if k < 0 or k > self.end - self.pos:
-            self._short(k)
-            return NULL
-        at = self.p + self.pos
-        self.pos += k
-        return at
-
     cdef const char *take_array(self, Py_ssize_t count, Py_ssize_t size) except NULL:
         """The next ``count`` items of ``size`` bytes, checked without
         overflow (a count read from a file may be anything)."""

@@ -18,7 +18,18 @@ cdef class Reader:
     cdef int reset_ptr(self, const char *p, Py_ssize_t n, Py_ssize_t base, int64_t number,
                        object owner) except -1
 
-    cdef const char *take(self, Py_ssize_t k) except NULL
+    # take is every read's bounds check, so it is inlined into the modules
+    # that decode through a reader (a failure is one call to _short).
+    cdef inline const char *take(self, Py_ssize_t k) except NULL:
+        """The next ``k`` bytes (a pointer into the data), checked."""
+        cdef const char *at
+        if k < 0 or k > self.end - self.pos:
+            self._short(k)
+            return NULL
+        at = self.p + self.pos
+        self.pos += k
+        return at
+
     cdef const char *take_array(self, Py_ssize_t count, Py_ssize_t size) except NULL
     cdef Py_ssize_t enter(self, Py_ssize_t k) except -1
     cdef int leave(self, Py_ssize_t outer_end) except -1
