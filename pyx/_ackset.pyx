@@ -18,7 +18,8 @@ from cpython.long cimport PyLong_CheckExact
 
 import numpy as np
 
-from _bytes cimport load_u32, load_i64, store_u32, store_i64
+from _bytes cimport load_i64, store_u32, store_i64
+from txmq._reader cimport Reader
 
 
 cdef class AckSet:
@@ -197,22 +198,28 @@ cdef class AckSet:
         return out
 
     @staticmethod
-    def from_bytes(data):
-        """Inverse of to_bytes; ValueError on malformed input."""
-        cdef const unsigned char[::1] v = data if len(data) else b"\0"
-        cdef Py_ssize_t n, k
+    def from_bytes(data, path=None, Py_ssize_t base=0):
+        """Inverse of to_bytes: ``data`` holds the ack set and nothing else.
+        ``data`` is byte ``base`` of file ``path`` onwards: bytes that do not
+        parse raise CorruptLogError there (ValueError without a path)."""
+        cdef Reader r = Reader(path, "ack set").reset(data, base)
+        out = AckSet.read(r)
+        r.done()
+        return out
+
+    @staticmethod
+    def read(Reader r):
+        """The ack set ``r`` reads next (u32 count, then the ranges); the
+        reader's error at the first bad byte when they do not parse."""
+        cdef Py_ssize_t n = r.u32(), k, at = r.pos
+        cdef const char *p = r.take_array(n, 16)
         cdef int64_t a, b
-        if len(data) < 4:
-            raise ValueError("ack set shorter than its count")
-        n = load_u32(<const char *>&v[0])
-        if len(data) != 4 + 16 * n:
-            raise ValueError(f"ack set of {n} ranges needs {4 + 16 * n} bytes, has {len(data)}")
         out = AckSet()
         for k in range(n):
-            a = load_i64(<const char *>&v[4 + 16 * k])
-            b = load_i64(<const char *>&v[12 + 16 * k])
+            a = load_i64(p + 16 * k)
+            b = load_i64(p + 16 * k + 8)
             if b <= a:
-                raise ValueError(f"empty range [{a}, {b})")
+                r.fail(at + 16 * k, f"empty range [{a}, {b})")
             out.add_range(a, b)
         return out
 

@@ -29,6 +29,9 @@ the redo log (the shared framed format of ``_redolog``)::
                u32 n x (i64 index, i32 partition, i32 sequence, i32 immunity ms),
                u32 n x GROUP payloads (u32 length + payload)
 
+Frames are decoded through ``_reader.Reader``: a frame that does not parse
+raises ``CorruptLogError`` at its first bad byte.
+
 Nothing here takes a lock or knows a policy: ``txmq.half`` does.
 """
 from cpython.bytearray cimport PyByteArray_AS_STRING
@@ -45,9 +48,13 @@ import os
 
 import numpy as np
 
-from txmq._log import Mapping
+from txmq._mapping import Mapping
 
-from _bytes cimport load_i32, load_i64, load_u32, store_i32, store_i64, store_u32
+from cpython.pyport cimport PY_SSIZE_T_MAX
+
+from _bytes cimport load_i32, load_i64, store_i32, store_i64
+from _redo_layout cimport payload_position
+from txmq._reader cimport Reader
 
 cdef packed struct StateRecord:
     int64_t offset
@@ -379,37 +386,11 @@ def group_frame(int64_t producer_id, topic, group):
     return producer_id.to_bytes(8, "little", signed=True) + _str16(topic) + _str16(group)
 
 
-cdef class _Cursor:
-    """Bounds-checked reads over one frame payload (ValueError when short)."""
-    cdef const uint8_t[::1] view
-    cdef Py_ssize_t pos, n
-
-    def __init__(self, const uint8_t[::1] view):
-        self.view = view
-        self.pos = 0
-        self.n = view.shape[0]
-
-    cdef const char *take(self, Py_ssize_t k) except NULL:
-        if k < 0 or self.n - self.pos < k:
-            raise ValueError(f"frame too short: {k} bytes wanted at {self.pos} of {self.n}")
-        cdef const char *p = <const char *>&self.view[0] + self.pos
-        self.pos += k
-        return p
-
-    cdef str text(self):
-        cdef Py_ssize_t k = load_u32(self.take(2)) & 0xFFFF
-        cdef const char *p = self.take(k)
-        return p[:k].decode("utf-8")
-
-    cdef done(self):
-        if self.pos != self.n:
-            raise ValueError(f"{self.n - self.pos} trailing bytes in frame")
-
-
-cdef _group(_Cursor c, dict groups):
-    cdef int64_t pid = load_i64(c.take(8))
-    topic = c.text()
-    group = c.text()
+cdef _group(Reader r, dict groups):
+    """A GROUP payload: i64 producer id, then its topic and group as texts."""
+    cdef int64_t pid = r.i64()
+    topic = r.text()
+    group = r.text()
     groups[pid] = (topic, group)
 
 
@@ -430,7 +411,7 @@ cpdef note(dict intents, dict immunities, int64_t index, int32_t state, int32_t 
         immunities[index] = immunity_ms
 
 
-def replay(frames, int64_t base=0):
+def replay(frames, int64_t base=0, path=None):
     """Rebuild the table from redo-log frames (a SNAPSHOT frame first if the
     log has one): ``(base, records, intents, immunities, groups)``.
 
@@ -438,53 +419,69 @@ def replay(frames, int64_t base=0):
     maps the index of each COMMITTING / DISCARDING record to its
     (partition, sequence); ``immunities`` maps an index to its check
     immunity in ms where one was given; ``groups`` maps a producer id to
-    (topic, group). Raises ValueError on a malformed frame.
+    (topic, group).
+
+    ``frames`` are ``(type, payload, position)`` as ``_redolog.parse`` and
+    ``RedoLog.replay(positions=True)`` give them (or ``(type, payload)``
+    pairs, whose bytes then count from each payload's first). A frame that
+    passed its CRC but does not parse raises CorruptLogError at its first
+    bad byte of file ``path`` (ValueError without a path).
     """
     cdef bytearray records = bytearray()
     cdef dict intents = {}, immunities = {}, groups = {}
-    cdef _Cursor c
-    cdef int64_t index, end, k, n, i
+    cdef Reader r = Reader(path, "half-message redo frame of type")
+    cdef int64_t index, end, n, i
+    cdef Py_ssize_t k, at, outer
     cdef int32_t state
     cdef char *rp
     cdef const char *q
-    cdef StateRecord *r
-    for ftype, payload in frames:
-        c = _Cursor(payload)
+    cdef StateRecord *rec
+    cdef tuple frame
+    cdef int ftype
+    for frame in frames:
+        ftype = frame[0]
+        r.reset(frame[1], payload_position(frame), ftype)
         if ftype == 1:
-            if (<uint8_t>c.take(1)[0]) != SNAPSHOT_VERSION:
-                raise ValueError("unknown half snapshot version")
-            base = load_i64(c.take(8))
-            end = load_i64(c.take(8))
+            at = r.pos
+            if r.u8() != SNAPSHOT_VERSION:
+                r.fail(at, "unknown half snapshot version")
+            at = r.pos
+            base = r.i64()
+            end = r.i64()
             if end < base:
-                raise ValueError(f"snapshot end {end} below base {base}")
-            records = bytearray(c.take((end - base) * REC)[:(end - base) * REC])
+                r.fail(at, f"snapshot end {end} below base {base}")
+            if <uint64_t>end - <uint64_t>base > <uint64_t>(PY_SSIZE_T_MAX // REC):
+                r.fail(at, f"snapshot of records [{base}, {end}): more than any table holds")
+            q = r.take_array(end - base, REC)
+            records = bytearray(q[:(end - base) * REC])
             intents = {}
             immunities = {}
             groups = {}
-            n = load_u32(c.take(4))
+            n = r.u32()
             for i in range(n):
-                index = load_i64(c.take(8))
-                part = load_i32(c.take(4))
-                seq = load_i32(c.take(4))
-                imm = load_i32(c.take(4))
+                index = r.i64()
+                part = r.i32()
+                seq = r.i32()
+                imm = r.i32()
                 if part >= 0:
                     intents[index] = (part, seq)
                 if imm >= 0:
                     immunities[index] = imm
-            n = load_u32(c.take(4))
+            n = r.u32()
             for i in range(n):
-                k = load_u32(c.take(4))
-                sub = _Cursor(c.view[c.pos:c.pos + k])
-                c.take(k)
-                _group(sub, groups)
-                sub.done()
-            c.done()
+                outer = r.enter(r.u32())
+                _group(r, groups)
+                r.leave(outer)
+            r.done()
         elif ftype == F_RECORD:
-            q = c.take(RECORD_FRAME_SIZE)
-            c.done()
+            q = r.take(RECORD_FRAME_SIZE)
+            r.done()
             index = load_i64(q)
             if index < base:
                 continue                      # compacted away since
+            # index >= base: their difference fits in a uint64_t
+            if <uint64_t>index - <uint64_t>base >= <uint64_t>(PY_SSIZE_T_MAX // REC):
+                r.fail(0, f"record of half message {index} lies past any table from {base}")
             k = (index - base + 1) * REC
             if len(records) < k:
                 records.extend(bytes(k - len(records)))
@@ -493,26 +490,28 @@ def replay(frames, int64_t base=0):
             note(intents, immunities, index, load_i32(q + 8 + 20), load_i32(q + 36), load_i32(q + 40),
                  load_i32(q + 44))
         elif ftype == F_UPDATE:
-            if c.n % UPDATE_ENTRY_SIZE:
-                raise ValueError(f"update frame of {c.n} bytes")
+            if r.end % UPDATE_ENTRY_SIZE:
+                r.fail(r.end - r.end % UPDATE_ENTRY_SIZE,
+                       f"update frame of {r.end} bytes, not whole entries of {UPDATE_ENTRY_SIZE}")
             rp = PyByteArray_AS_STRING(records)
-            for i in range(c.n // UPDATE_ENTRY_SIZE):
-                q = c.take(UPDATE_ENTRY_SIZE)
+            for i in range(r.end // UPDATE_ENTRY_SIZE):
+                at = r.pos
+                q = r.take(UPDATE_ENTRY_SIZE)
                 index = load_i64(q)
                 if index < base:
                     continue
-                if (index - base + 1) * REC > len(records):
-                    raise ValueError(f"update of half message {index}, which has no record")
-                r = <StateRecord *>(rp + (index - base) * REC)
+                if <uint64_t>index - <uint64_t>base >= <uint64_t>(len(records) // REC):
+                    r.fail(at, f"update of half message {index}, which has no record")
+                rec = <StateRecord *>(rp + (index - base) * REC)
                 state = load_i32(q + 8)
-                r.state = state
-                r.check_count = load_i32(q + 12)
+                rec.state = state
+                rec.check_count = load_i32(q + 12)
                 note(intents, immunities, index, state)
         elif ftype == F_GROUP:
-            _group(c, groups)
-            c.done()
+            _group(r, groups)
+            r.done()
         else:
-            raise ValueError(f"unknown half redo frame type {ftype}")
+            r.fail(-1, "unknown frame type")
     return base, records, intents, immunities, groups
 
 

@@ -14,7 +14,8 @@ comparisons), whatever the number of producer ids.
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 
-from _bytes cimport load_i16, load_i32, load_i64, load_u32, store_i16, store_i32, store_i64, store_u32
+from _bytes cimport load_i16, load_i32, load_i64, store_i16, store_i32, store_i64, store_u32
+from txmq._reader cimport Reader
 
 cdef enum:
     CACHED = 5
@@ -311,29 +312,26 @@ cdef class ProducerStates:
         return out
 
     @staticmethod
-    def from_bytes(data):
+    def from_bytes(data, path=None, Py_ssize_t base=0):
         """Inverse of :meth:`to_bytes`; returns (table, bytes consumed).
-        Raises ValueError on a short or malformed table."""
-        cdef const unsigned char[::1] v = data
-        cdef Py_ssize_t size = v.shape[0]
-        if size < 4:
-            raise ValueError("producer table shorter than its count")
-        cdef const char *p = <const char *>&v[0]
-        cdef uint32_t n = load_u32(p), j
+        ``data`` is byte ``base`` of file ``path`` onwards: a short or
+        malformed table raises CorruptLogError at its first bad byte
+        (ValueError without a path)."""
+        cdef Reader r = Reader(path, "producer table").reset(data, base)
+        cdef uint32_t n = r.u32(), j
+        cdef Py_ssize_t at = r.pos
+        cdef const char *p = r.take_array(n, ENTRY)
         cdef int k, cached
         cdef int64_t pid
         cdef int32_t last_seq
         cdef PState *st
         cdef ProducerStates t = ProducerStates()
-        if 4 + ENTRY * <Py_ssize_t>n > size:
-            raise ValueError(f"producer table of {n} entries longer than its {size} bytes")
-        p += 4
         for j in range(n):
             pid = load_i64(p)
             cached = <unsigned char>p[18]
             last_seq = load_i32(p + 20)
             if cached > CACHED or pid < 0 or last_seq < -1 or t.find(pid) != NULL:
-                raise ValueError(f"bad producer entry {j} (id {pid})")
+                r.fail(at + ENTRY * <Py_ssize_t>j, f"bad producer entry {j} (id {pid})")
             st = t.insert(pid)
             reset(st, load_i16(p + 16))
             st.last_ts = load_i64(p + 8)
@@ -344,4 +342,4 @@ cdef class ProducerStates:
                 st.cnt[k] = load_i32(p + 28 + 16 * k)
                 st.off[k] = load_i64(p + 32 + 16 * k)
             p += ENTRY
-        return t, 4 + ENTRY * <Py_ssize_t>n
+        return t, r.pos

@@ -15,7 +15,7 @@ import os
 import struct
 import time
 
-from txmq._log import Mapping
+from txmq._mapping import Mapping
 
 from _bytes cimport load_u64, store_u32, store_u64
 

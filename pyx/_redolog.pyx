@@ -17,6 +17,12 @@ File layout (version 1)::
 Replay returns the frames from the last SNAPSHOT frame on, and cuts the
 file at the first frame that is torn or fails its CRC. Compaction writes a
 new file holding one SNAPSHOT frame and renames it over the old one.
+
+What a payload holds is its log's business: each log's replay function
+decodes the payloads through ``_reader.Reader``, given each frame's
+position (``replay(positions=True)``, :func:`parse`), so a payload that does
+not parse is reported at its bad byte. The layout constants live in
+``_redo_layout.pxd``.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, uint32_t
@@ -29,19 +35,21 @@ from txmq.errors import CorruptLogError
 
 from _bytes cimport load_u32, store_u32, crc32c
 
-cdef enum:
-    REDO_MAGIC = 0x4C525854
-    REDO_VERSION = 1
-    FILE_HEADER_SIZE = 8
-    FRAME_LENGTH_OFFSET = 0
-    FRAME_CRC_OFFSET = FRAME_LENGTH_OFFSET + 4
-    FRAME_TYPE_OFFSET = FRAME_CRC_OFFSET + 4
-    FRAME_HEADER_SIZE = FRAME_TYPE_OFFSET + 1
-    MAX_FRAME_BYTES = 1 << 30
+from _redo_layout cimport *
 
 SNAPSHOT = 1
+# Bytes of a frame before its payload: a frame at byte p of the file has its
+# payload at p + FRAME_HEADER_BYTES.
+FRAME_HEADER_BYTES = FRAME_HEADER_SIZE
 FILE_HEADER = REDO_MAGIC.to_bytes(4, "little") + bytes([REDO_VERSION, 0, 0, 0])
 assert len(FILE_HEADER) == FILE_HEADER_SIZE and FRAME_HEADER_SIZE == 9
+
+
+def payload_position_of(tuple frame):
+    """The file position of a frame's payload, for ``(type, payload,
+    position)`` as :func:`parse` gives it; 0 for a ``(type, payload)`` pair
+    (its bytes then count from the payload's first)."""
+    return payload_position(frame)
 
 
 cpdef bytes frame(int frame_type, payload):
@@ -124,8 +132,11 @@ class RedoLog:
         os.pwrite(self._fd, FILE_HEADER, 0)
         self.size = FILE_HEADER_SIZE
 
-    def replay(self):
-        """Frames from the last SNAPSHOT on, as ``[(type, payload)]``.
+    def replay(self, bint positions=False):
+        """Frames from the last SNAPSHOT on, as ``[(type, payload)]``, or
+        with ``positions`` as ``[(type, payload, position)]`` (the frame's
+        byte in the file, as :func:`parse` gives it: what a decoder of the
+        payloads needs to say where a bad one is).
 
         A torn or corrupt tail is cut off; ``self.dropped`` then holds
         ``(position, reason, bytes_dropped)``. A bad file header raises
@@ -152,6 +163,8 @@ class RedoLog:
                 last = i
         frames = frames[last:]
         self.frames_since_snapshot = len(frames)
+        if positions:
+            return frames
         return [(t, payload) for t, payload, _ in frames]
 
     def append(self, int frame_type, payload):

@@ -14,6 +14,9 @@
 - :func:`replay_coordinator` / :func:`replay_pending`: rebuild the state of
   a coordinator log / a pending-ack log from its frames.
 
+Frames and tables are decoded through ``_reader.Reader``: a frame or table
+that does not parse raises ``CorruptLogError`` at its first bad byte.
+
 A transaction id travels here as its two 64-bit words ``(hi, lo)``: the
 coordinator id is the top 16 bits of ``hi``, the sequence the other 112
 bits. No policy and no threads: callers hold their own locks.
@@ -26,7 +29,9 @@ import numpy as np
 
 from txmq._ackset import AckSet, add_many
 
-from _bytes cimport load_i16, load_u16, load_u32, load_i64, load_u64, store_u32, store_i64, store_u64
+from _bytes cimport load_i64, load_u64, store_u32, store_i64, store_u64
+from _redo_layout cimport payload_position
+from txmq._reader cimport Reader
 
 # Frame types of a coordinator log (SNAPSHOT = 1 is the redo log's own).
 TC_BEGIN, TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION = 2, 3, 4
@@ -202,26 +207,29 @@ cdef class OngoingQueue:
         return out
 
     @staticmethod
-    def from_bytes(data):
-        """Inverse of :meth:`to_bytes`; returns (queue, bytes consumed)."""
+    def from_bytes(data, path=None, Py_ssize_t base=0):
+        """Inverse of :meth:`to_bytes`; returns (queue, bytes consumed).
+        ``data`` is byte ``base`` of file ``path`` onwards: a table that does
+        not parse raises CorruptLogError there (ValueError without a path)."""
         q = OngoingQueue()
-        return q, _load_table(data, "ongoing", q.add)
+        return q, _load_table(Reader(path, "ongoing-transaction table").reset(data, base), q.add)
 
 
-cdef Py_ssize_t _load_table(data, str what, add) except -1:
-    """Feed each (u64, u64, i64, i64) entry of a counted table to ``add``;
-    return the bytes the table took."""
-    cdef const uint8_t[::1] v = data
-    if v.shape[0] < 4:
-        raise ValueError(f"{what} table shorter than its count")
-    cdef const char *p = <const char *>&v[0]
-    cdef uint32_t n = load_u32(p), k
-    if v.shape[0] < 4 + 32 * <Py_ssize_t>n:
-        raise ValueError(f"{what} table of {n} entries has {v.shape[0]} bytes")
+cdef Py_ssize_t _load_table(Reader r, add) except -1:
+    """Feed each (u64, u64, i64, i64) entry of a counted table to ``add``
+    (whose ValueError is the entry's fault); return the bytes the table
+    took."""
+    cdef uint32_t n = r.u32(), k
+    cdef Py_ssize_t at
+    cdef const char *p = r.take_array(n, 32)
     for k in range(n):
-        add(load_u64(p + 4 + 32 * k), load_u64(p + 12 + 32 * k),
-            load_i64(p + 20 + 32 * k), load_i64(p + 28 + 32 * k))
-    return 4 + 32 * n
+        at = 4 + 32 * <Py_ssize_t>k
+        try:
+            add(load_u64(p + 32 * k), load_u64(p + 8 + 32 * k), load_i64(p + 16 + 32 * k),
+                load_i64(p + 24 + 32 * k))
+        except ValueError as e:
+            r.fail(at, f"entry {k}: {e}")
+    return r.pos
 
 
 # -- the abort set -----------------------------------------------------------------
@@ -395,10 +403,12 @@ cdef class AbortSet:
         return out
 
     @staticmethod
-    def from_bytes(data):
-        """Inverse of :meth:`to_bytes`; returns (set, bytes consumed)."""
+    def from_bytes(data, path=None, Py_ssize_t base=0):
+        """Inverse of :meth:`to_bytes`; returns (set, bytes consumed).
+        ``data`` is byte ``base`` of file ``path`` onwards: a table that does
+        not parse raises CorruptLogError there (ValueError without a path)."""
         s = AbortSet()
-        return s, _load_table(data, "abort", s.add)
+        return s, _load_table(Reader(path, "aborted-transaction table").reset(data, base), s.add)
 
 
 # -- pending acknowledgements --------------------------------------------------------
@@ -592,55 +602,13 @@ def pack_txn(uint64_t hi, uint64_t lo):
     return _pack_txn(hi, lo)
 
 
-cdef class _Reader:
-    """Bounds-checked little-endian reads over one frame payload (bytes)."""
-    cdef bytes data
-    cdef const char *p
-    cdef Py_ssize_t pos, n
-
-    cdef reset(self, bytes data):
-        self.data = data
-        self.p = PyBytes_AS_STRING(data)
-        self.n = len(data)
-        self.pos = 0
-
-    cdef const char *take(self, Py_ssize_t k) except NULL:
-        if k < 0 or self.pos + k > self.n:
-            raise ValueError(f"frame payload of {self.n} bytes ends at byte {self.pos} "
-                             f"(needed {k} more)")
-        cdef const char *at = self.p + self.pos
-        self.pos += k
-        return at
-
-    cdef uint64_t u64(self) except? 0:
-        return load_u64(self.take(8))
-
-    cdef int64_t i64(self) except? -1:
-        return load_i64(self.take(8))
-
-    cdef uint32_t u32(self) except? 0:
-        return load_u32(self.take(4))
-
-    cdef int16_t i16(self) except? -1:
-        return load_i16(self.take(2))
-
-    cdef uint8_t u8(self) except? 0:
-        return <uint8_t>self.take(1)[0]
-
-    cdef str text(self):
-        cdef uint16_t k = load_u16(self.take(2))
-        return self.take(k)[:k].decode("utf-8")
-
-    cdef tuple txn(self):
-        cdef uint64_t hi = self.u64()
-        return (hi, self.u64())
-
-    cdef end(self):
-        if self.pos != self.n:
-            raise ValueError(f"{self.n - self.pos} stray bytes after the frame payload")
+cdef tuple _read_txn(Reader r):
+    """A transaction id: u64 hi, u64 lo."""
+    cdef uint64_t hi = r.u64()
+    return (hi, r.u64())
 
 
-def replay_coordinator(frames):
+def replay_coordinator(frames, path=None):
     """State of a coordinator log from its frames (the last SNAPSHOT on).
 
     Returns ``(next_lo, txns, tids)``: the lowest sequence word never used,
@@ -650,22 +618,29 @@ def replay_coordinator(frames):
     id: (producer id, epoch)}``. Transactions whose final record is logged
     stay in with state COMMITTED / ABORTED (and no participants), so
     recovery knows their outcome.
-    Raises ValueError on a frame that passed its CRC but does not parse.
+
+    ``frames`` are ``(type, payload, position)`` as ``_redolog.parse`` and
+    ``RedoLog.replay(positions=True)`` give them (or ``(type, payload)``
+    pairs, whose bytes then count from each payload's first). A frame that
+    passed its CRC but does not parse raises CorruptLogError at its first
+    bad byte of file ``path`` (ValueError without a path).
     """
     cdef dict txns = {}, tids = {}
     cdef uint64_t next_lo = 0, lo
     cdef uint32_t n, k, j
-    cdef _Reader r = _Reader()
+    cdef Reader r = Reader(path, "coordinator frame of type")
     cdef int kind
     cdef list entry
-    for kind, payload in frames:
-        r.reset(payload)
+    cdef tuple frame
+    for frame in frames:
+        kind = frame[0]
+        r.reset(frame[1], payload_position(frame), kind)
         if kind == 1:
             txns.clear()
             next_lo = r.u64()
             n = r.u32()
             for k in range(n):
-                key = r.txn()
+                key = _read_txn(r)
                 state = r.u8()
                 timeout = r.i64()
                 start = r.i64()
@@ -680,7 +655,7 @@ def replay_coordinator(frames):
                     subs.add((topic, r.text()))
                 txns[key] = [state, timeout, start, parts, subs]
             tids.clear()
-            if r.pos < r.n:          # snapshots before transactional ids end here
+            if r.pos < r.end:        # snapshots before transactional ids end here
                 for k in range(r.u32()):
                     tid = r.text()
                     pid = r.i64()
@@ -690,46 +665,49 @@ def replay_coordinator(frames):
             pid = r.i64()
             tids[tid] = (pid, <int>r.i16())
         elif kind == TC_BEGIN:
-            key = r.txn()
+            key = _read_txn(r)
             timeout = r.i64()
             txns[key] = [OPEN, timeout, r.i64(), None, None]
             lo = key[1]
             if lo >= next_lo:
                 next_lo = lo + 1
         elif kind == TC_ADD_PARTITION:
-            entry = _txn_entry(txns, r.txn())
+            entry = _txn_entry(txns, r)
             topic = r.text()
             if entry[3] is None:
                 entry[3] = set()
             entry[3].add((topic, <int>r.u32()))
         elif kind == TC_ADD_SUBSCRIPTION:
-            entry = _txn_entry(txns, r.txn())
+            entry = _txn_entry(txns, r)
             topic = r.text()
             if entry[4] is None:
                 entry[4] = set()
             entry[4].add((topic, r.text()))
         elif kind == TC_COMMITTING:
-            _txn_entry(txns, r.txn())[0] = COMMITTING
+            _txn_entry(txns, r)[0] = COMMITTING
         elif kind == TC_ABORTING:
-            _txn_entry(txns, r.txn())[0] = ABORTING
+            _txn_entry(txns, r)[0] = ABORTING
         elif kind == TC_COMMITTED:
-            entry = _txn_entry(txns, r.txn())
+            entry = _txn_entry(txns, r)
             entry[0] = COMMITTED
             entry[3] = entry[4] = None      # only the outcome is needed now
         elif kind == TC_ABORTED:
-            entry = _txn_entry(txns, r.txn())
+            entry = _txn_entry(txns, r)
             entry[0] = ABORTED
             entry[3] = entry[4] = None
         else:
-            raise ValueError(f"unknown coordinator frame type {kind}")
-        r.end()
+            r.fail(-1, "unknown frame type")
+        r.done()
     return next_lo, txns, tids
 
 
-cdef list _txn_entry(dict txns, key):
+cdef list _txn_entry(dict txns, Reader r):
+    """The entry of the transaction whose id ``r`` reads next."""
+    cdef Py_ssize_t at = r.pos
+    key = _read_txn(r)
     entry = txns.get(key)
     if entry is None:
-        raise ValueError(f"frame for transaction {key} before its BEGIN")
+        r.fail(at, f"frame for transaction {key} before its BEGIN")
     return entry
 
 
@@ -763,18 +741,21 @@ cdef bytes pack_i16(int v):
     return bytes([v & 0xFF, (v >> 8) & 0xFF])
 
 
-def replay_registry(frames):
+def replay_registry(frames, path=None):
     """State of a producer registry from its frames (the last SNAPSHOT on):
     ``(reserved, names)``, the id below which every id may have been handed
-    out and ``{name: producer id}``. Raises ValueError on a frame that
-    passed its CRC but does not parse."""
+    out and ``{name: producer id}``. ``frames`` and ``path`` are as for
+    :func:`replay_coordinator`: a frame that passed its CRC but does not
+    parse raises CorruptLogError at its first bad byte."""
     cdef int64_t reserved = 0, pid
     cdef dict names = {}
     cdef uint32_t k
-    cdef _Reader r = _Reader()
+    cdef Reader r = Reader(path, "producer registry frame of type")
     cdef int kind
-    for kind, payload in frames:
-        r.reset(payload)
+    cdef tuple frame
+    for frame in frames:
+        kind = frame[0]
+        r.reset(frame[1], payload_position(frame), kind)
         if kind == 1:
             reserved = r.i64()
             names = {}
@@ -789,8 +770,8 @@ def replay_registry(frames):
             names[name] = pid
             reserved = max(reserved, pid + 1)
         else:
-            raise ValueError(f"unknown producer registry frame type {kind}")
-        r.end()
+            r.fail(-1, "unknown frame type")
+        r.done()
     return reserved, names
 
 
@@ -810,42 +791,46 @@ def encode_text(str s):
     return bytes([len(b) & 0xFF, len(b) >> 8]) + b
 
 
-def replay_pending(frames):
+def replay_pending(frames, path=None):
     """Pending acks of a pending-ack log from its frames (the last SNAPSHOT on).
 
     Returns ``{(hi, lo): [offsets list, cumulative offset or -1]}`` for every
-    transaction with acks and no COMMIT / ABORT frame yet.
+    transaction with acks and no COMMIT / ABORT frame yet. ``frames`` and
+    ``path`` are as for :func:`replay_coordinator`: a frame that passed its
+    CRC but does not parse raises CorruptLogError at its first bad byte.
     """
     cdef dict txns = {}
     cdef uint32_t n, k, j
-    cdef _Reader r = _Reader()
+    cdef Reader r = Reader(path, "pending-ack frame of type")
     cdef const char *p
     cdef int kind
-    for kind, payload in frames:
-        r.reset(payload)
+    cdef tuple frame
+    for frame in frames:
+        kind = frame[0]
+        r.reset(frame[1], payload_position(frame), kind)
         if kind == 1:
             txns.clear()
             n = r.u32()
             for k in range(n):
-                key = r.txn()
+                key = _read_txn(r)
                 cum = r.i64()
                 j = r.u32()
-                p = r.take(8 * <Py_ssize_t>j)
+                p = r.take_array(j, 8)
                 txns[key] = [[load_i64(p + 8 * i) for i in range(j)], cum]
         elif kind == PA_ACK:
-            key = r.txn()
+            key = _read_txn(r)
             j = r.u32()
-            p = r.take(8 * <Py_ssize_t>j)
+            p = r.take_array(j, 8)
             entry = txns.setdefault(key, [[], -1])
             entry[0].extend([load_i64(p + 8 * i) for i in range(j)])
         elif kind == PA_CUMULATIVE:
-            key = r.txn()
+            key = _read_txn(r)
             cum = r.i64()
             entry = txns.setdefault(key, [[], -1])
             entry[1] = max(entry[1], cum)
         elif kind in (PA_COMMIT, PA_ABORT):
-            txns.pop(r.txn(), None)
+            txns.pop(_read_txn(r), None)
         else:
-            raise ValueError(f"unknown pending-ack frame type {kind}")
-        r.end()
+            r.fail(-1, "unknown frame type")
+        r.done()
     return txns

@@ -457,7 +457,7 @@ def test_receive_batch_serves_redeliveries_too(broker):
 def test_append_and_sync_after_close_are_typed_errors(tmp_path):
     """The window a send can race with close(), made deterministic: the
     partition itself refuses with BrokerClosedError."""
-    from txmq._log import BatchSpec
+    from txmq._batch import BatchSpec
     b = txmq.Broker(tmp_path / "d", fsync="always")
     b.create_topic("t")
     part = b._topics["t"].partitions[0]

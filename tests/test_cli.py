@@ -807,8 +807,8 @@ def test_check_corrupt_redo_log_frame(capsys, logs):
 def test_check_cursor_frames_replayed_as_the_broker_replays_them(capsys, logs):
     """An ACK_RANGE that ends before it starts acknowledges nothing: the
     broker opens the cursor and check agrees; an ACK_RANGE of the wrong
-    size is refused by both."""
-    from txmq._redolog import frame
+    size is refused by both, at the byte where its missing end should be."""
+    from txmq._redolog import FRAME_HEADER_BYTES, frame
     from txmq.cursor import ACK_RANGE
     from txmq.errors import CorruptLogError
     cursor = os.path.join(logs, "subscriptions", "t", "s", "cursor-0.log")
@@ -822,15 +822,18 @@ def test_check_cursor_frames_replayed_as_the_broker_replays_them(capsys, logs):
         f.write(frame(ACK_RANGE, struct.pack("<q", 30)))
     code, problems = _problems(capsys, logs)
     assert code == exits.PROBLEMS and len(problems) == 1
-    assert problems[0][:2] == (cursor, end) and problems[0][3] == "corrupt"
+    missing_end = end + FRAME_HEADER_BYTES + 8       # the payload holds the start only
+    assert problems[0][:2] == (cursor, missing_end) and problems[0][3] == "corrupt"
     assert problems[0][2].startswith("cursor frame of type 5: ") and "refuses the file" in problems[0][2]
-    with pytest.raises(CorruptLogError, match="cursor frame"):
+    with pytest.raises(CorruptLogError, match="cursor frame") as e:
         txmq.Broker(logs, fsync="never")
+    assert (e.value.path, e.value.position) == (cursor, missing_end)
 
 
 def test_check_coordinator_frame_that_does_not_parse(capsys, logs):
-    """A frame with a right CRC whose payload is wrong is found by replay."""
-    from txmq._redolog import frame
+    """A frame with a right CRC whose payload is wrong is found by replay,
+    at the byte of the transaction id it names."""
+    from txmq._redolog import FRAME_HEADER_BYTES, frame
     tc = os.path.join(logs, "coordinator", "tc-0.log")
     end = os.path.getsize(tc)
     with open(tc, "ab") as f:
@@ -838,7 +841,7 @@ def test_check_coordinator_frame_that_does_not_parse(capsys, logs):
         f.write(frame(7, b"\0" * 16))
     code, problems = _problems(capsys, logs)
     assert code == exits.PROBLEMS
-    assert len(problems) == 1 and problems[0][:2] == (tc, end)
+    assert len(problems) == 1 and problems[0][:2] == (tc, end + FRAME_HEADER_BYTES)
     assert "coordinator frame of type 5" in problems[0][2] and "before its BEGIN" in problems[0][2]
 
 
@@ -899,7 +902,7 @@ def test_check_recovery_point_the_broker_refuses(capsys, monkeypatch, logs):
     """A recovery point whose CRC checks but whose next offset lies below
     its segment is refused by opening (it scans every segment) and so
     reported by check; one open replaces it."""
-    from txmq._log import crc32c_of
+    from txmq._crc32c import crc32c_of
     rp = os.path.join(logs, "topics", "t", "0", "recovery-point")
     with open(rp, "rb") as f:
         magic, version, base, pos, _, _ = struct.unpack("<4sB3xqqqI4x", f.read())
@@ -915,7 +918,7 @@ def test_check_recovery_point_the_broker_refuses(capsys, monkeypatch, logs):
 
 
 def test_check_recovery_point_off_a_batch_boundary(capsys, logs):
-    from txmq._log import crc32c_of
+    from txmq._crc32c import crc32c_of
     rp = os.path.join(logs, "topics", "t", "0", "recovery-point")
     with open(rp, "rb") as f:
         raw = f.read()

@@ -65,7 +65,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import txmq
 from txmq import AbortedTransaction, TxnState
-from txmq._log import FLAG, crc32c_of
+from txmq._batch import FLAG
+from txmq._crc32c import crc32c_of
 from txmq.errors import InvalidTxnStateError, ProducerFencedError
 
 TOPICS = {"a": 2, "b": 1}

@@ -20,7 +20,7 @@ import pytest
 
 import txmq
 from txmq import readonly
-from txmq._log import BatchSpec
+from txmq._batch import BatchSpec
 from txmq._readview import RV_CLOSED, RV_LIVE
 from txmq.cli.check import check_directory
 from txmq.errors import CorruptLogError

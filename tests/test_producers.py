@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import txmq
-from txmq._log import BatchSpec
+from txmq._batch import BatchSpec
 from txmq.errors import (DuplicateSequenceError, InvalidArgumentError, InvalidTxnStateError,
                          OutOfOrderSequenceError, ProducerFencedError)
 from txmq.storage.partition import Partition

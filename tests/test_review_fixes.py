@@ -11,7 +11,8 @@ import pytest
 
 import txmq
 from txmq import errors
-from txmq._log import BatchSpec, Segment
+from txmq._batch import BatchSpec
+from txmq._segment import Segment
 from txmq.cursor import COMPACT_FRAMES, Cursor
 from txmq.storage.index import write_entries as _write_entries
 from txmq.storage.partition import Partition
@@ -25,7 +26,7 @@ def test_index_entry_into_message_bytes_cannot_read_outside_the_batch(tmp_path):
         import os, struct
         from txmq.storage.index import write_entries as _write_entries
         from txmq.storage.partition import Partition
-        from txmq._log import BatchSpec
+        from txmq._batch import BatchSpec
         d = {str(tmp_path / "p")!r}
         fake = bytearray(112)
         struct.pack_into("<IBBH", fake, 0, 0x424D5854, 1, 0, 0)

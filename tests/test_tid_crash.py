@@ -54,7 +54,7 @@ import sys
 import pytest
 
 import txmq
-from txmq._log import FLAG
+from txmq._batch import FLAG
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -37,7 +37,7 @@ import threading
 import time
 
 from txmq.consumer import Consumer
-from txmq._log import crc32c_of
+from txmq._crc32c import crc32c_of
 from txmq._txn import COMMITTED, COMMITTING, OPEN
 from txmq.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, DataDirError, DataDirLockedError, InvalidArgumentError,

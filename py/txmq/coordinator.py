@@ -33,7 +33,7 @@ from txmq._txn import (ABORTING, COMMITTING, OPEN, TC_ABORTED, TC_ABORTING,
                        TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING,
                        TC_PRODUCER, encode_coordinator_snapshot, encode_producer, encode_text, pack_txn,
                        replay_coordinator)
-from txmq.errors import BrokerClosedError, CorruptLogError
+from txmq.errors import BrokerClosedError
 from txmq.txn import TxnID, TxnMeta, TxnState
 
 log = logging.getLogger("txmq.coordinator")
@@ -74,15 +74,13 @@ class TransactionCoordinator:
     def replay(self) -> dict:
         """The log's transactions as ``{(hi, lo): [state, timeout_ms,
         start_ms, partitions, subscriptions]}`` (see :func:`replay_coordinator`)."""
-        frames = self.log.replay()
+        frames = self.log.replay(positions=True)
         if self.log.dropped is not None:
             pos, reason, n = self.log.dropped
             self.problems.append(f"{self.log.path} at byte {pos}: {reason}; {n} bytes cut")
             log.warning("txmq: coordinator log %s", self.problems[-1])
-        try:
-            next_lo, txns, self.tids = replay_coordinator(frames)
-        except ValueError as e:
-            raise CorruptLogError(self.log.path, 0, f"coordinator frame: {e}") from None
+        # A frame that does not parse: CorruptLogError at its bad byte.
+        next_lo, txns, self.tids = replay_coordinator(frames, self.log.path)
         self.next_seq = max(self.next_seq, next_lo, 1)
         return txns
 

@@ -9,6 +9,9 @@ Frames (payload little-endian; the redo log adds length, CRC and type):
   individual acks are forgotten;
 - ``ACK_RANGE`` (5): i64 start, i64 end: [start, end) acknowledged;
 - ``SNAPSHOT`` (1): i64 mark-delete + the ack set's bytes (_ackset).
+
+Frames are decoded through ``_reader.Reader``: a frame that does not parse
+raises ``CorruptLogError`` at its first bad byte.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import struct
 import numpy as np
 
 from txmq._ackset import AckSet, add_many
-from txmq._redolog import FILE_HEADER, SNAPSHOT, RedoLog
-from txmq.errors import CorruptLogError
+from txmq._reader import Reader
+from txmq._redolog import FILE_HEADER, SNAPSHOT, RedoLog, payload_position_of
 
 log = logging.getLogger("txmq.cursor")
 
@@ -40,32 +43,45 @@ class CursorState:
         self.mark_delete = mark_delete
         self.acked = AckSet()
 
-    def _apply(self, kind: int, payload: bytes) -> None:
-        """Apply one frame; ValueError when it is malformed."""
-        try:
-            if kind == SNAPSHOT:
-                self.mark_delete = _I64.unpack_from(payload)[0]
-                self.acked = AckSet.from_bytes(payload[8:])
-            elif kind == ACK:
-                n = struct.unpack_from("<I", payload)[0]
-                if len(payload) != 4 + 8 * n:
-                    raise ValueError(f"ack frame of {n} offsets has {len(payload)} bytes")
-                offs = np.frombuffer(payload, "<i8", n, 4)
-                add_many(self.acked, offs[offs >= self.mark_delete])
-                self._advance()
-            elif kind == MARK_DELETE:
-                self._set_mark_delete(_I64.unpack(payload)[0])
-            elif kind == ACK_RANGE:
-                start, end = struct.unpack("<qq", payload)
-                self.acked.add_range(max(start, self.mark_delete), end)
-                self._advance()
-            elif kind == RESET:
-                self.mark_delete = _I64.unpack(payload)[0]
-                self.acked.clear()
-            else:
-                raise ValueError(f"unknown cursor frame type {kind}")
-        except struct.error as e:
-            raise ValueError(str(e)) from None
+    def _apply(self, kind: int, r: Reader) -> None:
+        """Apply the frame of type ``kind`` whose payload ``r`` reads; the
+        reader's error at the first bad byte when it is malformed."""
+        if kind == SNAPSHOT:
+            mark_delete = r.i64()
+            acked = AckSet.read(r)
+            r.done()
+            self.mark_delete, self.acked = mark_delete, acked
+        elif kind == ACK:
+            n = r.u32()
+            offs = np.frombuffer(r.read(n, 8), "<i8")
+            r.done()
+            add_many(self.acked, offs[offs >= self.mark_delete])
+            self._advance()
+        elif kind == MARK_DELETE:
+            offset = r.i64()
+            r.done()
+            self._set_mark_delete(offset)
+        elif kind == ACK_RANGE:
+            start, end = r.i64(), r.i64()
+            r.done()
+            self.acked.add_range(max(start, self.mark_delete), end)
+            self._advance()
+        elif kind == RESET:
+            offset = r.i64()
+            r.done()
+            self.mark_delete = offset
+            self.acked.clear()
+        else:
+            r.fail(-1, "unknown frame type")
+
+    def _replay(self, frames, path) -> None:
+        """Apply ``frames`` (``(type, payload, position)`` as
+        ``RedoLog.replay(positions=True)`` gives them, or ``(type, payload)``)
+        of the cursor log at ``path``."""
+        r = Reader(path, "cursor frame of type")
+        for frame in frames:
+            r.reset(frame[1], payload_position_of(frame), frame[0])
+            self._apply(frame[0], r)
 
     def _advance(self) -> None:
         md = self.acked.first_unacked(self.mark_delete)
@@ -83,13 +99,16 @@ class CursorState:
         return offset < self.mark_delete or self.acked.contains(offset)
 
 
-def replay(frames, initial_offset: int) -> CursorState:
-    """The state cursor-log ``frames`` ``[(type, payload)]`` replay to from
-    ``initial_offset``, as opening the log replays them (read-only readers
-    and ``txmq check`` use it). Raises ValueError at a malformed frame."""
+def replay(frames, initial_offset: int, path=None) -> CursorState:
+    """The state cursor-log ``frames`` replay to from ``initial_offset``, as
+    opening the log replays them (read-only readers and ``txmq check`` use
+    it). ``frames`` are ``(type, payload, position)`` as
+    ``_redolog.parse`` gives them (or ``(type, payload)`` pairs, whose bytes
+    then count from each payload's first); a malformed frame raises
+    CorruptLogError at its first bad byte of file ``path`` (ValueError
+    without a path)."""
     state = CursorState(initial_offset)
-    for kind, payload in frames:
-        state._apply(kind, payload)
+    state._replay(frames, path)
     return state
 
 
@@ -108,7 +127,7 @@ class Cursor(CursorState):
         existed = self.log.size > len(FILE_HEADER)
         super().__init__(initial_offset)
         self.problems: list[str] = []
-        frames = self.log.replay()
+        frames = self.log.replay(positions=True)
         if self.log.dropped is not None:
             pos, reason, n = self.log.dropped
             self._problem(f"{self.log.path} at byte {pos}: {reason}; {n} bytes cut")
@@ -120,11 +139,7 @@ class Cursor(CursorState):
             self.mark_delete = initial_offset
             self.log.append(RESET, _I64.pack(initial_offset))
             self.log.sync()
-        for kind, payload in frames:
-            try:
-                self._apply(kind, payload)
-            except ValueError as e:
-                raise CorruptLogError(self.log.path, 0, f"cursor frame: {e}") from None
+        self._replay(frames, self.log.path)     # a malformed frame: CorruptLogError at its bad byte
 
     def _problem(self, text: str) -> None:
         self.problems.append(text)

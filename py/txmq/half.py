@@ -49,10 +49,11 @@ import numpy as np
 from txmq import _half, crashpoints
 from txmq._half import (COMMITTED, COMMITTING, DISCARDED, DISCARDING, EMPTY, F_GROUP, F_RECORD, F_UPDATE,
                         PREPARED, ROLLED_BACK, STATE_NAMES, StateTable)
-from txmq._log import BatchSpec, Message, crc32c_of
+from txmq._batch import BatchSpec, Message
+from txmq._crc32c import crc32c_of
 from txmq._partitioner import partition_for
 from txmq._redolog import RedoLog, sync_dir
-from txmq.errors import (BrokerClosedError, CorruptLogError, DuplicateSequenceError, InvalidArgumentError,
+from txmq.errors import (BrokerClosedError, DuplicateSequenceError, InvalidArgumentError,
                          InvalidHalfStateError, OutOfOrderSequenceError, TxmqError)
 from txmq.message import MessageId
 from txmq.storage.partition import Partition
@@ -131,10 +132,9 @@ class HalfStore:
 
     def _open(self) -> None:
         redo_path = self.redo.path
-        try:
-            base, records, self.intents, self.immunities, self.groups = _half.replay(self.redo.replay())
-        except ValueError as e:
-            raise CorruptLogError(redo_path, 0, f"half-message redo frame: {e}") from None
+        # A frame that does not parse: CorruptLogError at its bad byte.
+        base, records, self.intents, self.immunities, self.groups = _half.replay(
+            self.redo.replay(positions=True), path=redo_path)
         if self.redo.dropped is not None:
             pos, reason, n = self.redo.dropped
             self.problems.append(f"{redo_path} at byte {pos}: {reason}; {n} bytes cut")

@@ -33,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 
 from txmq import crashpoints
-from txmq._log import FLAG, BatchSpec, Segment
+from txmq._batch import FLAG, BatchSpec
+from txmq._segment import Segment
 from txmq._partitioner import partitions_for_arrow
 from txmq.batcharrow import batch_arrays
 from txmq.errors import CorruptLogError, InvalidArgumentError, StagingError, TopicNotFoundError, TxmqError

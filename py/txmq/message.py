@@ -1,6 +1,6 @@
 """Messages and message ids as consumers and producers see them.
 
-:class:`Message` is defined in the Cython core (``txmq._log``) so that
+:class:`Message` is defined in the Cython core (``txmq._batch``) so that
 decoding a batch builds the objects without Python-level calls."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from txmq import _log
+from txmq import _batch
 
 
 class MessageId(NamedTuple):
@@ -34,7 +34,7 @@ class AbortedTransaction(NamedTuple):
 
 
 # Built in the Cython core, straight from a mapped batch.
-Message = _log.Message
+Message = _batch.Message
 
 
 class MessageIds(Sequence):

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from txmq._log import BatchSpec
+from txmq._batch import BatchSpec
 from txmq._partitioner import partition_for, partitions_for_arrow, partitions_for_list
 from txmq.errors import (BrokerClosedError, InvalidArgumentError, InvalidMessageError, PartitionNotFoundError,
                          ProducerFencedError, TopicNotFoundError)

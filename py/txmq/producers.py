@@ -22,7 +22,6 @@ import threading
 
 from txmq._redolog import RedoLog
 from txmq._txn import PR_BLOCK, PR_NAME, encode_registry_snapshot, encode_text, replay_registry
-from txmq.errors import CorruptLogError
 
 ID_BLOCK = 1024
 COMPACT_FRAMES = 4096
@@ -37,11 +36,9 @@ class ProducerRegistry:
         self.log = RedoLog(path, fsync)
         self.lock = threading.Lock()
         self.problems: list[str] = []
-        try:
-            # reserved: ids below it may have been handed out
-            self.reserved, self.names = replay_registry(self.log.replay())
-        except ValueError as e:
-            raise CorruptLogError(path, 0, f"producer registry frame: {e}") from None
+        # reserved: ids below it may have been handed out. A frame that does
+        # not parse: CorruptLogError at its bad byte.
+        self.reserved, self.names = replay_registry(self.log.replay(positions=True), self.log.path)
         if self.log.dropped is not None:
             pos, reason, n = self.log.dropped
             self.problems.append(f"{path} at byte {pos}: {reason}; {n} bytes cut")

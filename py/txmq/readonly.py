@@ -60,7 +60,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from txmq._log import FLAG, Segment
+from txmq._batch import FLAG
+from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
                        replay_pending)
@@ -567,8 +568,9 @@ class ReadOnlyDirectory:
         for p in self.partitions(topic):
             view = view_of(topic, p)
             cursor = _read_cursor(os.path.join(root, f"cursor-{p}.log"), view.log_start)
-            pending = _read_redo(os.path.join(root, f"pending-{p}.log"))
-            held = replay_pending(pending) if pending is not None else {}
+            pending_path = os.path.join(root, f"pending-{p}.log")
+            pending = _read_redo(pending_path)
+            held = replay_pending(pending, pending_path) if pending is not None else {}
             mark_delete = cursor.mark_delete if cursor is not None else None
             entry = {"mark_delete": mark_delete, "pending_transactions": len(held)}
             if cursor is not None:
@@ -593,13 +595,11 @@ class ReadOnlyDirectory:
         for name in sorted(os.listdir(root)):
             if not (name.startswith("tc-") and name.endswith(".log")):
                 continue
-            frames = _read_redo(os.path.join(root, name))
+            path = os.path.join(root, name)
+            frames = _read_redo(path)
             if frames is None:
                 continue
-            try:
-                _, txns, _ = replay_coordinator(frames)
-            except ValueError as e:
-                raise CorruptLogError(os.path.join(root, name), 0, f"coordinator frame: {e}") from None
+            _, txns, _ = replay_coordinator(frames, path)     # a bad frame: CorruptLogError at its byte
             for (hi, lo), (state, timeout_ms, start_ms, parts, subs) in txns.items():
                 if state >= COMMITTED:
                     continue
@@ -638,8 +638,9 @@ def _backlog(view: PartitionView, start: int, limit: int, committed: bool, acked
 
 
 def _read_redo(path: str):
-    """Frames ``[(type, payload)]`` of a redo log from its last SNAPSHOT
-    on, up to its first torn or bad frame; None when the file is missing
+    """Frames ``[(type, payload, position)]`` of a redo log from its last
+    SNAPSHOT on, up to its first torn or bad frame (``position``: the
+    frame's byte in the file); None when the file is missing
     or its header is not written yet. A header that is not a redo log's is
     refused, as the broker refuses it. Nothing is truncated."""
     try:
@@ -655,7 +656,7 @@ def _read_redo(path: str):
         raise CorruptLogError(path, 4, f"unknown redo-log version {data[4]}")
     frames, _, _ = parse_frames(data)
     last = max((i for i, fr in enumerate(frames) if fr[0] == SNAPSHOT), default=0)
-    return [(t, payload) for t, payload, _ in frames[last:]]
+    return frames[last:]
 
 
 def _read_cursor(path: str, log_start: int):
@@ -664,10 +665,7 @@ def _read_cursor(path: str, log_start: int):
     frames = _read_redo(path)
     if frames is None:
         return None
-    try:
-        return replay_cursor(frames, log_start)
-    except ValueError as e:
-        raise CorruptLogError(path, 0, f"cursor frame: {e}") from None
+    return replay_cursor(frames, log_start, path)      # a bad frame: CorruptLogError at its byte
 
 
 # -- Arrow ---------------------------------------------------------------------------

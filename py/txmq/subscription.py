@@ -28,13 +28,13 @@ from collections import deque
 import numpy as np
 
 from txmq._ackset import group_offsets
-from txmq._log import SegmentClosedError
+from txmq._segment import SegmentClosedError
 from txmq._redolog import RedoLog
 from txmq.batcharrow import batch_arrays
 from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
 from txmq.cursor import COMPACT_FRAMES, Cursor
 from txmq.files import sync_dir, write_json
-from txmq.errors import (BrokerClosedError, CorruptLogError, NotAcknowledgeableError, SubscriptionBusyError,
+from txmq.errors import (BrokerClosedError, NotAcknowledgeableError, SubscriptionBusyError,
                          SubscriptionTypeError, TransactionConflictError)
 from txmq.message import MessageId
 from txmq.storage.delivery import READ_COMMITTED, TRANSACTIONAL, read_limit
@@ -131,10 +131,8 @@ class Subscription:
         cursor.clamp(partition.end_offset)
         pending_log = RedoLog(os.path.join(self.path, f"pending-{partition.index}.log"), self.broker.fsync)
         lane = _Lane(partition, cursor, pending_log)
-        try:
-            held = replay_pending(pending_log.replay())
-        except ValueError as e:
-            raise CorruptLogError(pending_log.path, 0, f"pending-ack frame: {e}") from None
+        # A frame that does not parse: CorruptLogError at its bad byte.
+        held = replay_pending(pending_log.replay(positions=True), pending_log.path)
         if pending_log.dropped is not None:
             pos, reason, n = pending_log.dropped
             cursor.problems.append(f"{pending_log.path} at byte {pos}: {reason}; {n} bytes cut")

@@ -8,17 +8,19 @@ import struct
 import pyarrow as pa
 import pytest
 
-from txmq import _log
-from txmq._log import BatchSpec, Segment, crc32c_of
+from txmq import _batch
+from txmq._batch import BatchSpec
+from txmq._crc32c import crc32c_of
+from txmq._segment import Segment
 from txmq.errors import InvalidMessageError
 
 TXN_HI = 0x0102030405060708
 TXN_LO = 0x1112131415161718
-F_TXN = _log.FLAG["transactional"]
-F_CONTROL = _log.FLAG["control"]
-F_COMMIT = _log.FLAG["marker_commit"]
-F_NULL_KEYS = _log.FLAG["null_keys"]
-F_HEADERS = _log.FLAG["headers"]
+F_TXN = _batch.FLAG["transactional"]
+F_CONTROL = _batch.FLAG["control"]
+F_COMMIT = _batch.FLAG["marker_commit"]
+F_NULL_KEYS = _batch.FLAG["null_keys"]
+F_HEADERS = _batch.FLAG["headers"]
 
 
 def align8(n):
@@ -37,16 +39,16 @@ def file_bytes(seg, n):
 
 
 def test_exported_layout_constants():
-    assert _log.HEADER_SIZE_BYTES == 88
-    assert _log.MAGIC == struct.unpack("<I", b"TXMB")[0]
-    assert _log.VERSION == 1
-    assert _log.FIELD_OFFSETS == {
+    assert _batch.HEADER_SIZE_BYTES == 88
+    assert _batch.MAGIC == struct.unpack("<I", b"TXMB")[0]
+    assert _batch.VERSION == 1
+    assert _batch.FIELD_OFFSETS == {
         "magic": 0, "version": 4, "flags": 6, "crc": 8, "length": 12, "base_offset": 16,
         "count": 24, "base_sequence": 28, "txn_id": 32, "producer_id": 48,
         "producer_epoch": 56, "header_bytes": 60, "first_event_time": 64,
         "max_event_time": 72, "publish_time": 80,
     }
-    assert _log.FLAG == {"transactional": 1, "control": 2, "marker_commit": 4,
+    assert _batch.FLAG == {"transactional": 1, "control": 2, "marker_commit": 4,
                          "marker_abort": 8, "null_keys": 0x10, "headers": 0x20}
 
 

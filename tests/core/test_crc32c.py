@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from txmq._log import crc32c_hardware, crc32c_of
+from txmq._crc32c import crc32c_hardware, crc32c_of
 
 # RFC 3720 appendix B.4, plus the common check value of "123456789".
 VECTORS = [

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from txmq import _redolog
-from txmq._log import crc32c_of
+from txmq._crc32c import crc32c_of
 from txmq._redolog import FILE_HEADER, SNAPSHOT, RedoLog, frame, parse
 from txmq.errors import CorruptLogError
 

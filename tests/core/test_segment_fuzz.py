@@ -11,7 +11,8 @@ import struct
 
 import pytest
 
-from txmq._log import BatchSpec, Segment
+from txmq._batch import BatchSpec
+from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, RedoLog, frame
 from txmq.errors import CorruptLogError
 from txmq.storage.partition import Partition

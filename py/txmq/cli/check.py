@@ -6,11 +6,13 @@ the broker reads them with, in read-only mode: segments through the Cython
 ``Segment`` (mapped read-only; its scan checks magic, lengths, CRC,
 offsets and the dense base offsets of every batch and never truncates when
 not writable), redo logs through ``_redolog.parse`` and the replay
-functions of ``_txn`` (coordinator, pending acks, producer registry) and
-``txmq.cursor.replay`` (cursors), and the fixed-layout files through the
-parsers of ``txmq.storage.layout``. A partition's segments are walked by
-the loader opening uses (``txmq.storage.loader`` in check mode), so each
-problem says what opening does there. Formats: docs/FORMAT.md.
+functions of ``_txn`` (coordinator, pending acks, producer registry),
+``_half`` (half messages) and ``txmq.cursor.replay`` (cursors), which read
+every payload through ``_reader.Reader`` and so name the first bad byte,
+and the fixed-layout files through the parsers of ``txmq.storage.layout``.
+A partition's segments are walked by the loader opening uses
+(``txmq.storage.loader`` in check mode), so each problem says what opening
+does there. Formats: docs/FORMAT.md.
 
 Each problem names a file and the byte where it is, and is one of:
 
@@ -36,7 +38,7 @@ from dataclasses import asdict
 import numpy as np
 
 from txmq import _half, readonly
-from txmq._log import Segment
+from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse
 from txmq._txn import replay_coordinator, replay_pending, replay_registry
 from txmq import datadir
@@ -195,12 +197,12 @@ class _Checker:
         for name in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else ():
             path = os.path.join(cdir, name)
             if name.startswith("tc-") and name.endswith(".log"):
-                self._redo(path, _replayed(replay_coordinator, "coordinator frame"))
+                self._redo(path, _replayed(replay_coordinator))
             else:
                 self._note_unknown(path)
         producers = os.path.join(self.root, "producers.log")
         if os.path.exists(producers):
-            self._redo(producers, _replayed(replay_registry, "producer registry frame"))
+            self._redo(producers, _replayed(replay_registry))
         hdir = os.path.join(self.root, "half")
         if os.path.isdir(hdir):
             self._half(hdir)
@@ -217,11 +219,11 @@ class _Checker:
         redo = os.path.join(hdir, "redo.log")
         if not os.path.exists(redo):
             return
-        frames = self._redo(redo, _replayed(_half.replay, "half-message redo frame"))
+        frames = self._redo(redo, _replayed(_replay_half))
         last = max([i for i, f in enumerate(frames) if f[0] == SNAPSHOT], default=0)
         try:
-            base, records, _, _, _ = _half.replay([(t, p) for t, p, _ in frames[last:]])
-        except (ValueError, OverflowError):
+            base, records, _, _, _ = _half.replay(frames[last:], path=redo)
+        except CorruptLogError:
             return                      # reported with the redo log
         table = os.path.join(hdir, "statetable")
         if not os.path.exists(table):
@@ -500,17 +502,17 @@ class _Checker:
             if name == "subscription.json":
                 continue
             if name.startswith("cursor-") and name.endswith(".log"):
-                self._redo(path, _replayed(_replay_cursor, "cursor frame"))
+                self._redo(path, _replayed(_replay_cursor))
             elif name.startswith("pending-") and name.endswith(".log"):
-                self._redo(path, _replayed(replay_pending, "pending-ack frame"))
+                self._redo(path, _replayed(replay_pending))
             else:
                 self._note_unknown(path)
 
     def _redo(self, path: str, validate) -> list:
         """A framed redo log: file header, every frame's length and CRC,
-        then what its frames say (``validate(frames)`` -> (position, reason)
-        of the first bad one, or None). Returns the frames that passed
-        their CRC, ``[(type, payload, position)]``."""
+        then what its frames say (``validate(path, frames)`` -> (position,
+        reason) of the first bad byte, or None). Returns the frames that
+        passed their CRC, ``[(type, payload, position)]``."""
         self._done(path)
         with open(path, "rb") as f:
             data = f.read()
@@ -529,7 +531,7 @@ class _Checker:
         if reason is not None:
             self.report.problem(path, end, f"{reason}; opening cuts the log here ({len(data) - end:,} "
                                            f"bytes, the frames from here on, are dropped)")
-        bad = validate(frames)
+        bad = validate(path, frames)
         if bad is not None:
             self.report.problem(path, bad[0], f"{bad[1]}; the broker refuses the file")
         return frames
@@ -544,36 +546,27 @@ def _allocated(path: str) -> int:
     return min(st.st_size, st.st_blocks * 512)
 
 
-def _replayed(replay, what: str):
-    """A validator that runs ``replay`` over the frames and, when it fails,
-    finds the first frame it fails on (replay is a fold: a prefix that
-    fails makes every longer prefix fail, so bisect)."""
+def _replayed(replay):
+    """A validator that runs ``replay(frames, path)`` over every frame of
+    the redo log at ``path``, as opening replays them: a frame that does not
+    parse raises CorruptLogError at its first bad byte, which is where the
+    problem is."""
 
-    def validate(frames):
-        pairs = [(t, payload) for t, payload, _ in frames]
-        if _fails(replay, pairs) is None:
-            return None
-        lo, hi = 1, len(pairs)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _fails(replay, pairs[:mid]) is None:
-                lo = mid + 1
-            else:
-                hi = mid
-        return frames[lo - 1][2], f"{what} of type {frames[lo - 1][0]}: {_fails(replay, pairs[:lo])}"
+    def validate(path: str, frames):
+        try:
+            replay(frames, path)
+        except CorruptLogError as e:
+            return e.position, e.reason
+        return None
 
     return validate
 
 
-def _fails(replay, pairs):
-    try:
-        replay(pairs)
-    except (ValueError, OverflowError) as e:
-        return str(e) or type(e).__name__
-    return None
+def _replay_half(frames, path: str) -> None:
+    _half.replay(frames, path=path)
 
 
-def _replay_cursor(pairs) -> None:
-    replay_cursor(pairs, 0)     # what opening does with the frames; the start offset changes no verdict
+def _replay_cursor(frames, path: str) -> None:
+    replay_cursor(frames, 0, path)   # what opening does with the frames; the start offset changes no verdict
 
 

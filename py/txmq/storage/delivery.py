@@ -12,7 +12,7 @@ A batch that is never delivered is passed over as if acknowledged.
 
 from __future__ import annotations
 
-from txmq._log import FLAG
+from txmq._batch import FLAG
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"

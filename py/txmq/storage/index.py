@@ -15,7 +15,8 @@ import os
 
 import numpy as np
 
-from txmq._log import FIELD_OFFSETS, HEADER_SIZE_BYTES, MAGIC, VERSION, Segment
+from txmq._batch import FIELD_OFFSETS, HEADER_SIZE_BYTES, MAGIC, VERSION
+from txmq._segment import Segment
 from txmq.files import write_atomic
 from txmq.storage.layout import INDEX_SUFFIX, TIMEINDEX_SUFFIX, segment_file
 

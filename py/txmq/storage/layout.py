@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import struct
 
-from txmq._log import crc32c_of
+from txmq._crc32c import crc32c_of
 from txmq._producers import ProducerStates
 from txmq._txn import AbortSet, OngoingQueue
 from txmq.errors import CorruptLogError
@@ -153,24 +153,32 @@ def parse_snapshot(path: str, raw: bytes, magic: bytes, version: int, head: stru
     if fields[1] != version:
         raise CorruptLogError(path, 4, f"unknown version {fields[1]}")
     try:
-        return fields, parse_tables(raw[head.size:-4])
+        return fields, parse_tables(raw[head.size:-4], path, head.size)
+    except CorruptLogError:
+        raise                            # at the byte the table's reader stopped at
     except (ValueError, OverflowError, struct.error) as e:
         raise CorruptLogError(path, head.size, f"tables do not parse: {e}") from None
 
 
-def parse_txn_tables(body: bytes):
-    """(OngoingQueue, AbortSet) of a txnbuffer.snap's tables."""
-    ongoing, n = OngoingQueue.from_bytes(body)
-    aborted, m = AbortSet.from_bytes(body[n:])
+def parse_txn_tables(body: bytes, path=None, base: int = 0):
+    """(OngoingQueue, AbortSet) of a txnbuffer.snap's tables, which start at
+    byte ``base`` of ``path`` (a bad byte raises CorruptLogError there)."""
+    ongoing, n = OngoingQueue.from_bytes(body, path, base)
+    aborted, m = AbortSet.from_bytes(body[n:], path, base + n)
     if n + m != len(body):
+        if path is not None:
+            raise CorruptLogError(path, base + n + m, "stray bytes after the tables")
         raise ValueError("stray bytes after the tables")
     return ongoing, aborted
 
 
-def parse_producer_table(body: bytes):
-    """The ProducerStates of a producers.snap's table."""
-    table, n = ProducerStates.from_bytes(body)
+def parse_producer_table(body: bytes, path=None, base: int = 0):
+    """The ProducerStates of a producers.snap's table, which starts at byte
+    ``base`` of ``path`` (a bad byte raises CorruptLogError there)."""
+    table, n = ProducerStates.from_bytes(body, path, base)
     if n != len(body):
+        if path is not None:
+            raise CorruptLogError(path, base + n, "stray bytes after the producer table")
         raise ValueError("stray bytes after the producer table")
     return table
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from txmq._log import Segment
+from txmq._segment import Segment
 from txmq.errors import CorruptLogError
 from txmq.storage.index import (INDEX_ENTRY, batches_end, index_problem, load_entries, rewrite_index, torn)
 from txmq.storage.layout import (INDEX_SUFFIX, RECOVERY_POINT, RECOVERY_POINT_FILE, SEGMENT_FILES,

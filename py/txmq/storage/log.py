@@ -24,7 +24,8 @@ import logging
 import os
 import threading
 
-from txmq._log import BatchSpec, Segment, SegmentClosedError
+from txmq._batch import BatchSpec
+from txmq._segment import Segment, SegmentClosedError
 from txmq._redolog import sync_dir
 from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
 from txmq.storage.index import append_index, index_problem, rewrite_index

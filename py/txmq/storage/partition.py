@@ -28,7 +28,8 @@ import os
 import threading
 import time
 
-from txmq._log import FLAG, BatchSpec, SegmentClosedError
+from txmq._batch import FLAG, BatchSpec
+from txmq._segment import SegmentClosedError
 from txmq._producers import FENCED
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
 from txmq.errors import CorruptLogError

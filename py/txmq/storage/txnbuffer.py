@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-from txmq._log import FLAG
+from txmq._batch import FLAG
 from txmq._txn import AbortSet, OngoingQueue
 from txmq.files import write_atomic
 from txmq.storage.layout import (TXNBUF_HAS_TXN_DATA, TXNINDEX_ENTRY, TXNINDEX_SUFFIX, segment_file,

@@ -5,8 +5,8 @@ loaded CI runner and a server, so a gate on them can be exact.
 - :class:`FlushCounter` counts every flush txmq makes in this process:
   ``os.fsync`` and ``os.fdatasync`` (wrapped on the ``os`` module, which the
   Python layers and the Cython core both call through) and the ``msync``
-  calls of ``txmq._log.Mapping.sync`` (a C call, counted in the core by
-  ``txmq._log.msync_count``).
+  calls of ``txmq._mapping.Mapping.sync`` (a C call, counted in the core by
+  ``txmq._mapping.msync_count``).
 - :func:`count_calls` counts the Python function calls one call of ``fn``
   makes, with ``sys.setprofile`` (frames of compiled code are not counted:
   moving work into Cython is what lowers the count).
@@ -28,7 +28,7 @@ import threading
 import tracemalloc
 from dataclasses import dataclass, field
 
-from txmq import _log
+from txmq import _mapping
 
 
 class FlushCounter:
@@ -62,7 +62,7 @@ class FlushCounter:
         self._thread = threading.get_ident()
         for name in ("fsync", "fdatasync"):
             self._wrap(name)
-        self._msync0 = _log.msync_count()
+        self._msync0 = _mapping.msync_count()
         return self
 
     def __exit__(self, *exc):
@@ -71,7 +71,7 @@ class FlushCounter:
         self._saved.clear()
         # msync_count is process-wide: the caller must keep other threads
         # from syncing meanwhile (txmq's background threads do not msync).
-        self.by_kind["msync"] += _log.msync_count() - self._msync0
+        self.by_kind["msync"] += _mapping.msync_count() - self._msync0
         return False
 
 

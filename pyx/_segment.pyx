@@ -1,0 +1,617 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""A partition log's segment: one file of batches, mapped, with its sparse
+indexes (DESIGN.md §2).
+
+Segment file ``<base>.log``::
+
+    batch 0 | batch 1 | ... | batch n-1 | zeros to the capacity
+
+Whole batches lie back to back from byte 0, each in the layout of
+``_batch_layout.pxd`` (encoded and decoded by ``_batch.pyx``); batch i+1's
+base offset is batch i's base offset plus its count. Bytes past the last
+batch are zero: a zero magic is the clean end of a segment; anything else
+that fails a check is a torn or corrupt tail. A sealed segment ends at its
+last batch.
+
+The active segment is a file of ``segment_bytes_max`` bytes whose blocks
+are reserved with ``posix_fallocate`` a chunk ahead of the writer (a full
+disk is an ``OSError`` at append time), mapped read-only at its full
+capacity.
+
+Each message byte is copied once, from the caller's buffers into the page
+cache behind the mapping, by one of two sinks. A fresh page of a shared
+file mapping costs a zero-fill fault on its first store (about 2.8 us per
+4 KiB on a virtual machine, ~70 us per 100 KB batch), which ``write(2)``
+does not pay; a syscall costs about 1 us. So a batch above
+``SMALL_BATCH_BYTES`` is written with one ``pwritev`` whose pieces are the
+encoded header and offsets and the caller's key and value buffers, and a
+smaller one is copied into the writable mapping, where many batches share
+one fault. Readers see either through the mapping as soon as the append
+returns.
+
+The indexes (offset to position, publish time to offset) are sparse, one
+entry per ``index_interval`` bytes, and derived: an entry is trusted only
+once the batch it names passed a full check.
+
+Bounds: every position read from a file goes through ``check_batch`` before
+it is dereferenced, so this module turns off Cython's own checks.
+"""
+from cpython.pyport cimport PY_SSIZE_T_MAX
+from libc.errno cimport errno, EINTR
+from libc.stdint cimport uint16_t, int16_t, int32_t, int64_t, uint64_t
+from libc.string cimport memcpy
+from posix.uio cimport iovec, pwritev
+from posix.unistd cimport close as c_close
+
+import os
+
+import numpy as np
+
+from txmq.errors import CorruptLogError
+
+from _bytes cimport load_u32, load_i32, load_i64, load_u64
+from _batch_layout cimport *
+from txmq._mapping cimport Mapping
+from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, batch_info,
+                          decode_batch, arrow_views)
+
+cdef extern from "fcntl.h" nogil:
+    int posix_fallocate(int fd, long offset, long length)
+
+cdef enum:
+    IOV_MAX_PIECES = 1024   # POSIX IOV_MAX on Linux
+    # Below this a batch is copied into the mapping, above it written with
+    # pwritev: the crossover of a per-page fault and a per-batch syscall.
+    SMALL_BATCH_BYTES = 2048
+
+# Blocks are reserved this far ahead of the writer, so a full disk is an
+# OSError at append time, not a SIGBUS.
+cdef Py_ssize_t FALLOCATE_CHUNK_C = 8 * 1024 * 1024
+
+
+class SegmentClosedError(Exception):
+    """The segment was closed (deleted by retention, or the log closed);
+    a reader holding a position in it must locate its offset again."""
+
+
+cdef ssize_t _pwritev_all(int fd, iovec *iov, Py_ssize_t n, Py_ssize_t pos) noexcept nogil:
+    """pwritev every piece at ``pos``, IOV_MAX at a time, across short
+    writes and EINTR; -1 with errno set on failure."""
+    cdef ssize_t r
+    cdef int batch
+    while n > 0:
+        batch = <int>(n if n < IOV_MAX_PIECES else IOV_MAX_PIECES)
+        r = pwritev(fd, iov, batch, pos)
+        if r < 0:
+            if errno == EINTR:
+                continue
+            return -1
+        pos += r
+        while n > 0 and <size_t>r >= iov[0].iov_len:
+            r -= iov[0].iov_len
+            iov += 1
+            n -= 1
+        if n > 0 and r > 0:
+            iov[0].iov_base = <char *>iov[0].iov_base + r
+            iov[0].iov_len -= r
+    return 0
+
+
+cdef class Segment:
+    """One segment file of a partition log, mapped, with its sparse indexes."""
+    cdef readonly object path
+    cdef readonly int64_t base_offset
+    cdef readonly int64_t next_offset
+    cdef readonly Py_ssize_t size
+    cdef readonly Py_ssize_t capacity
+    cdef readonly bint writable
+    cdef readonly int64_t last_publish_time
+    cdef readonly Mapping mapping
+    cdef int fd
+    cdef Py_ssize_t allocated
+    cdef bint unreserved                 # the file system refused posix_fallocate
+    # CRC is checked once per batch per process. Verified: the prefix
+    # [0, verified_end) read in order, and the tail [verified_from, size)
+    # that recovery scanned or this process appended.
+    cdef Py_ssize_t verified_end
+    cdef Py_ssize_t verified_from
+    cdef Py_ssize_t index_interval
+    cdef Py_ssize_t last_indexed_pos
+    cdef object idx_off, idx_pos, tix_ts, tix_off   # np.int64 arrays, grown by doubling
+    cdef public Py_ssize_t index_faults             # index entries found wrong and bypassed
+    cdef object idx_ok                              # np.uint8 per offset-index entry: checked whole
+    cdef Py_ssize_t idx_n, tix_n
+
+    def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
+                 Py_ssize_t index_interval=4096):
+        self.path = os.fspath(path)
+        self.base_offset = base_offset
+        self.next_offset = base_offset
+        self.writable = writable
+        self.index_interval = index_interval
+        self.fd = -1
+        self.last_indexed_pos = -index_interval
+        self.idx_off = np.empty(64, np.int64)
+        self.idx_pos = np.empty(64, np.int64)
+        self.idx_ok = np.zeros(64, np.uint8)
+        self.tix_ts = np.empty(64, np.int64)
+        self.tix_off = np.empty(64, np.int64)
+        flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
+        self.fd = os.open(self.path, flags, 0o644)
+        file_size = os.fstat(self.fd).st_size
+        if writable:
+            self.capacity = max(capacity, file_size)
+            if file_size < self.capacity:
+                os.ftruncate(self.fd, self.capacity)
+            self.allocated = file_size
+        else:
+            self.capacity = file_size
+        self.size = 0
+        self.verified_end = 0
+        self.verified_from = PY_SSIZE_T_MAX
+        if self.capacity > 0:
+            self.mapping = Mapping(self.fd, self.capacity, writable)
+
+    @property
+    def file_size(self):
+        return os.fstat(self.fd).st_size
+
+    # -- appending ---------------------------------------------------------
+
+    def room(self):
+        """Bytes still free in this segment."""
+        return self.capacity - self.size
+
+    cpdef int64_t append(self, BatchSpec spec, uint16_t flags=0, uint64_t txn_hi=0,
+                         uint64_t txn_lo=0, int64_t producer_id=-1, int16_t producer_epoch=-1,
+                         int32_t base_sequence=-1, int64_t publish_time=0) except -2:
+        """Write one batch at the end; return its base offset, or -1 if full."""
+        cdef Py_ssize_t need = spec.encoded_size()
+        cdef Py_ssize_t start = self.size
+        cdef int64_t base = self.next_offset
+        if not self.writable:
+            raise PermissionError(f"{self.path} is open read-only")
+        if start + need > self.capacity:
+            return -1
+        self._reserve(start + need)
+        # Small batches are stored through the mapping (a page's zero-fill
+        # fault is shared by many of them); large ones skip the faults with
+        # pwritev (one syscall per batch). Either way, one copy.
+        # A store into an unreserved page of a full disk is a SIGBUS, so
+        # without a reservation every batch goes through pwritev.
+        self._write(spec, self.mapping.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
+                    else NULL, start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                    base_sequence, publish_time)
+        self._indexed(start, base, publish_time)
+        if self.verified_from > start:      # a segment never recovered: all of it is ours
+            self.verified_from = start
+        self.size = start + need
+        self.next_offset = base + spec.count
+        self.last_publish_time = publish_time
+        return base
+
+    cdef int _write(self, BatchSpec spec, char *dst, Py_ssize_t start, int64_t base,
+                    uint16_t flags, uint64_t txn_hi, uint64_t txn_lo, int64_t producer_id,
+                    int16_t producer_epoch, int32_t base_sequence, int64_t publish_time) except -1:
+        """Encode the batch and copy its pieces once: into ``dst`` (the
+        writable mapping at ``start``) when it is not NULL, else with one
+        ``pwritev`` at ``start`` of the file."""
+        cdef Pieces pieces
+        cdef Py_ssize_t i
+        cdef ssize_t rc
+        pieces.meta = NULL
+        pieces.iov = NULL
+        try:
+            spec.encode(&pieces, flags, base, txn_hi, txn_lo, producer_id, producer_epoch,
+                        base_sequence, publish_time)
+            with nogil:
+                seal(&pieces)
+                if dst != NULL:
+                    for i in range(pieces.n):
+                        memcpy(dst, pieces.iov[i].iov_base, pieces.iov[i].iov_len)
+                        dst += pieces.iov[i].iov_len
+                    rc = 0
+                else:
+                    rc = _pwritev_all(self.fd, pieces.iov, pieces.n, start)
+            if rc < 0:
+                raise OSError(errno, f"cannot append {pieces.length} bytes: {os.strerror(errno)}")
+            return 0
+        finally:
+            free_pieces(&pieces)
+
+    cdef _reserve(self, Py_ssize_t end):
+        cdef Py_ssize_t want
+        cdef int rc
+        if end <= self.allocated:
+            return
+        want = min(self.capacity, max(end, self.allocated + FALLOCATE_CHUNK_C))
+        with nogil:
+            rc = posix_fallocate(self.fd, self.allocated, want - self.allocated)
+        if rc == 95:  # EOPNOTSUPP: no reservation, so never store through the mapping
+            self.unreserved = True
+        elif rc != 0:
+            raise OSError(rc, f"cannot reserve {want - self.allocated} bytes in {self.path}: {os.strerror(rc)}")
+        self.allocated = want
+
+    cdef _indexed(self, Py_ssize_t pos, int64_t base, int64_t publish_time):
+        if pos - self.last_indexed_pos < self.index_interval:
+            return
+        self.last_indexed_pos = pos
+        # Each index grows on its own count: loaded from disk, the time
+        # index may hold more entries than the offset index.
+        if self.idx_n == len(self.idx_off):
+            self.idx_off = np.resize(self.idx_off, 2 * self.idx_n)
+            self.idx_pos = np.resize(self.idx_pos, 2 * self.idx_n)
+            self.idx_ok = np.resize(self.idx_ok, 2 * self.idx_n)
+        self.idx_off[self.idx_n] = base
+        self.idx_pos[self.idx_n] = pos
+        self.idx_ok[self.idx_n] = 1     # made here from a checked batch
+        self.idx_n += 1
+        if self.tix_n == 0 or publish_time > self.tix_ts[self.tix_n - 1]:
+            if self.tix_n == len(self.tix_ts):
+                self.tix_ts = np.resize(self.tix_ts, 2 * self.tix_n)
+                self.tix_off = np.resize(self.tix_off, 2 * self.tix_n)
+            self.tix_ts[self.tix_n] = publish_time
+            self.tix_off[self.tix_n] = base
+            self.tix_n += 1
+
+    def sync(self, Py_ssize_t start=0, Py_ssize_t end=-1):
+        """Make [start, end) durable (msync MS_SYNC); end=-1 means the log end."""
+        if end < 0:
+            end = self.size
+        if self.mapping is not None:
+            self._pin()
+            try:
+                self.mapping.sync(start, end)
+            finally:
+                self.mapping.unpin()
+
+    # -- recovery ----------------------------------------------------------
+
+    def recover(self, Py_ssize_t start_pos, int64_t start_offset):
+        """Scan and index batches from ``start_pos``; cut a torn tail.
+
+        Returns ``None`` when the scan reached a clean end (zeroed bytes or
+        the file end), else ``(position, reason)`` of the first batch that
+        failed; bytes from there on are discarded (zeroed or truncated).
+        """
+        cdef Py_ssize_t pos = start_pos, limit
+        cdef int64_t expected = start_offset
+        cdef const char *base
+        cdef str reason = None
+        if self.mapping is None:
+            self.size = 0
+            self.next_offset = start_offset
+            return None if start_pos == 0 else (start_pos, "segment is empty")
+        base = self.mapping.base
+        limit = self.mapping.size
+        while pos < limit:
+            if limit - pos >= 8 and load_u64(base + pos) == 0:
+                if self._zero_from(pos, limit):
+                    break
+                reason = "non-zero bytes after a zeroed batch header"
+                break
+            reason = check_batch(base + pos, limit - pos, expected, True, NULL)
+            if reason is not None:
+                break
+            self._indexed(pos, expected, load_i64(base + pos + PUBLISH_TIME_OFFSET))
+            self.last_publish_time = load_i64(base + pos + PUBLISH_TIME_OFFSET)
+            expected += load_i32(base + pos + COUNT_OFFSET)
+            pos += load_u32(base + pos + LENGTH_OFFSET)
+        self.size = pos
+        self.verified_from = start_pos      # [0, start_pos) was trusted, not checked
+        self.verified_end = 0
+        self.next_offset = expected
+        # Whatever lies past the log end may be an unreserved hole (a sparse
+        # file left at full capacity by a crash): reserve again from here.
+        self.allocated = pos
+        if reason is not None:
+            if self.writable:
+                self.truncate_at(pos, expected)
+            return (pos, reason)
+        return None
+
+    def reindex(self):
+        """Rebuild the sparse indexes from the batches (an index found wrong)."""
+        cdef Py_ssize_t pos = 0
+        self._pin()
+        try:
+            self.idx_n = 0
+            self.tix_n = 0
+            self.last_indexed_pos = -self.index_interval
+            while pos < self.size:
+                self._checked(pos)
+                self._indexed(pos, load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET),
+                              load_i64(self.mapping.base + pos + PUBLISH_TIME_OFFSET))
+                pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            self.index_faults = 0
+        finally:
+            self.mapping.unpin()
+
+    def verify(self):
+        """O(n) check of every batch (magic, length, CRC, offsets, dense
+        base offsets): None when sound, else ``(position, reason)``."""
+        cdef Py_ssize_t pos = 0
+        cdef int64_t expected = self.base_offset
+        cdef str reason
+        if self.size == 0:
+            return None
+        self._pin()
+        try:
+            while pos < self.size:
+                reason = check_batch(self.mapping.base + pos, self.size - pos, expected, True, NULL)
+                if reason is not None:
+                    return (pos, reason)
+                expected += load_i32(self.mapping.base + pos + COUNT_OFFSET)
+                pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            if expected != self.next_offset:
+                return (pos, f"batches end at offset {expected}, segment claims {self.next_offset}")
+            return None
+        finally:
+            self.mapping.unpin()
+
+    cdef bint _zero_from(self, Py_ssize_t pos, Py_ssize_t limit):
+        """True when the bytes after a zeroed batch header are zero too, as
+        far as a torn write can reach: the largest batch that fits, capped
+        at 1 MiB, read with pread. Reading through the mapping instead would
+        let read-ahead pull the whole preallocated segment into memory."""
+        cdef Py_ssize_t n = min(limit - pos, 1 << 20)
+        if n <= 0 or pos >= self.file_size:
+            return True
+        data = os.pread(self.fd, n, pos)
+        return not data.strip(b"\0")
+
+    def truncate_at(self, Py_ssize_t pos, int64_t next_offset):
+        """Drop every byte from ``pos`` on, where the batch of ``next_offset``
+        started (a torn tail, or the batches after a corrupt one)."""
+        if not self.writable:
+            raise PermissionError(f"{self.path} is open read-only")
+        while self.idx_n and self.idx_pos[self.idx_n - 1] >= pos:
+            self.idx_n -= 1
+        while self.tix_n and self.tix_off[self.tix_n - 1] >= next_offset:
+            self.tix_n -= 1
+        self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
+        # Shrinking and re-growing the file zeroes the tail and frees its blocks.
+        os.ftruncate(self.fd, pos)
+        os.ftruncate(self.fd, self.capacity)
+        self.allocated = pos
+        self.size = min(self.size, pos)
+        self.verified_end = min(self.verified_end, pos)
+        self.verified_from = min(self.verified_from, pos)
+        self.next_offset = next_offset
+
+    # -- indexes on disk ---------------------------------------------------
+
+    def index_entries(self):
+        """(offsets, positions, timestamps, time_offsets) as numpy views."""
+        return (self.idx_off[:self.idx_n], self.idx_pos[:self.idx_n],
+                self.tix_ts[:self.tix_n], self.tix_off[:self.tix_n])
+
+    def load_index(self, offsets, positions, timestamps, time_offsets, Py_ssize_t size,
+                   int64_t next_offset):
+        """Adopt indexes read from disk for a segment known good up to ``size``."""
+        self.idx_n = len(offsets)
+        self.idx_off = np.array(offsets, np.int64) if self.idx_n else np.empty(64, np.int64)
+        self.idx_pos = np.array(positions, np.int64) if self.idx_n else np.empty(64, np.int64)
+        self.tix_n = len(timestamps)
+        self.tix_ts = np.array(timestamps, np.int64) if self.tix_n else np.empty(64, np.int64)
+        self.tix_off = np.array(time_offsets, np.int64) if self.tix_n else np.empty(64, np.int64)
+        cap = max(64, self.idx_n, self.tix_n)
+        self.idx_off = np.resize(self.idx_off, max(cap, len(self.idx_off)))
+        self.idx_pos = np.resize(self.idx_pos, max(cap, len(self.idx_pos)))
+        self.idx_ok = np.zeros(len(self.idx_off), np.uint8)   # loaded: not checked yet
+        self.tix_ts = np.resize(self.tix_ts, max(cap, len(self.tix_ts)))
+        self.tix_off = np.resize(self.tix_off, max(cap, len(self.tix_off)))
+        self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
+        self.size = size
+        self.next_offset = next_offset
+        self._walk_tail()
+
+    cdef _walk_tail(self):
+        """From the last index entry to ``size``: the true last publish time
+        (the time index is sparse) and the true end, should the file hold
+        zeros past its last batch (a trim that a power loss undid). The walk
+        starts only from an entry that passed its check (else from byte 0)
+        and steps only over batches that pass the structural checks."""
+        cdef Py_ssize_t pos = 0
+        cdef const char *p
+        if self.tix_n:
+            self.last_publish_time = max(self.last_publish_time, self.tix_ts[self.tix_n - 1])
+        if self.mapping is None or self.size == 0:
+            return
+        if self.idx_n and self._idx_entry_ok(self.idx_n - 1):
+            pos = self.idx_pos[self.idx_n - 1]
+        p = self.mapping.base
+        while pos + HEADER_SIZE <= self.size and check_batch(p + pos, self.size - pos, -1, False, NULL) is None:
+            self.last_publish_time = max(self.last_publish_time, load_i64(p + pos + PUBLISH_TIME_OFFSET))
+            pos += load_u32(p + pos + LENGTH_OFFSET)
+        if pos + 8 <= self.size and load_u64(p + pos) == 0:
+            self.size = pos        # zeros past the last batch: the end is here
+
+    # -- reading -----------------------------------------------------------
+
+    cpdef Py_ssize_t locate(self, int64_t offset) except -2:
+        self._pin()
+        try:
+            return self._locate(offset)
+        finally:
+            self.mapping.unpin()
+
+    cdef Py_ssize_t _locate(self, int64_t offset) except -2:
+        """Position of the batch holding ``offset`` (or the first batch after
+        it); -1 when ``offset`` is at or past this segment's end."""
+        cdef Py_ssize_t pos = 0, i
+        cdef const char *p
+        cdef int64_t base
+        if offset >= self.next_offset or self.size == 0:
+            return -1
+        p = self.mapping.base
+        if self.idx_n:
+            i = np.searchsorted(self.idx_off[:self.idx_n], offset, side="right") - 1
+            if i >= 0:
+                pos = self.idx_pos[i]
+                # An index is derived data: trust an entry only when the
+                # batch it points at is whole and starts where it says.
+                if not self._idx_entry_ok(i):
+                    self.index_faults += 1
+                    pos = 0
+        while pos < self.size:
+            self._checked(pos)
+            base = load_i64(p + pos + BASE_OFFSET_OFFSET)
+            if base + load_i32(p + pos + COUNT_OFFSET) > offset:
+                return pos
+            pos += load_u32(p + pos + LENGTH_OFFSET)
+        return -1
+
+    def find_time(self, int64_t timestamp):
+        self._pin()
+        try:
+            return self._find_time(timestamp)
+        finally:
+            self.mapping.unpin()
+
+    def _find_time(self, int64_t timestamp):
+        """Offset of the first batch published at or after ``timestamp``, or -1."""
+        cdef Py_ssize_t pos = 0, i
+        cdef const char *p
+        if self.size == 0:
+            return -1
+        p = self.mapping.base
+        if self.tix_n:
+            i = np.searchsorted(self.tix_ts[:self.tix_n], timestamp, side="left") - 1
+            if i >= 0:
+                # _locate walks to a real batch: compare it with the entry.
+                pos = self._locate(self.tix_off[i])
+                if (pos < 0 or load_i64(p + pos + BASE_OFFSET_OFFSET) != self.tix_off[i]
+                        or load_i64(p + pos + PUBLISH_TIME_OFFSET) != self.tix_ts[i]):
+                    self.index_faults += 1
+                    pos = 0
+        while pos < self.size:
+            self._checked(pos)
+            if load_i64(p + pos + PUBLISH_TIME_OFFSET) >= timestamp:
+                return load_i64(p + pos + BASE_OFFSET_OFFSET)
+            pos += load_u32(p + pos + LENGTH_OFFSET)
+        return -1
+
+    cdef bint _idx_entry_ok(self, Py_ssize_t i):
+        """Whether offset-index entry ``i`` names a real batch: a full check
+        (CRC and offsets) of the batch there, since bytes inside a message
+        may look like a header. Entries this process made need none; each
+        loaded one is checked once."""
+        cdef Py_ssize_t pos = self.idx_pos[i]
+        cdef unsigned char[::1] ok = self.idx_ok
+        if ok[i]:
+            return True
+        if pos < 0 or pos + HEADER_SIZE > self.size or pos % 8:
+            return False
+        if check_batch(self.mapping.base + pos, self.size - pos, self.idx_off[i], True, NULL) is not None:
+            return False
+        ok[i] = 1
+        return True
+
+    cdef int _pin(self) except -1:
+        if self.mapping is None:
+            raise SegmentClosedError(f"{self.path} is empty")
+        if self.mapping.base == NULL:
+            raise SegmentClosedError("segment is closed")
+        return self.mapping.pin()
+
+    cdef Sections _checked(self, Py_ssize_t pos) except *:
+        """Check the batch at ``pos`` (CRC once per process) or raise CorruptLogError."""
+        cdef Sections s
+        cdef bint verify = self.verified_end <= pos < self.verified_from
+        if pos < 0 or pos >= self.size or self.mapping is None or self.mapping.base == NULL:
+            raise CorruptLogError(self.path, pos, "position outside the segment")
+        reason = check_batch(self.mapping.base + pos, self.size - pos, -1, verify, &s)
+        if reason is not None:
+            raise CorruptLogError(self.path, pos, reason)
+        if verify and pos == self.verified_end:
+            self.verified_end = pos + load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            if self.verified_end >= self.verified_from:
+                self.verified_from = 0      # prefix met tail: everything is checked
+        return s
+
+    def batch_at(self, Py_ssize_t pos):
+        self._pin()
+        try:
+            return self._batch_at(pos)
+        finally:
+            self.mapping.unpin()
+
+    def _batch_at(self, Py_ssize_t pos):
+        """The checked header of the batch at ``pos``."""
+        self._checked(pos)
+        return batch_info(self.mapping.base + pos, pos)
+
+    def messages(self, Py_ssize_t pos, int64_t from_offset=0, Py_ssize_t limit=0x7FFFFFFF):
+        """Decode the batch at ``pos`` into ``(offset, key, value, headers,
+        event_time)`` tuples, from ``from_offset`` on, at most ``limit``."""
+        self._pin()
+        try:
+            return self._decode(pos, from_offset, limit, None, None, 0, None, False)
+        finally:
+            self.mapping.unpin()
+
+    def read_messages(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, str topic,
+                      int partition, id_type, txn_id=None):
+        """Decode the batch at ``pos`` into :class:`Message` objects whose
+        ``message_id`` is ``id_type((topic, partition, offset))``."""
+        self._pin()
+        try:
+            return self._decode(pos, from_offset, limit, id_type, topic, partition, txn_id, True)
+        finally:
+            self.mapping.unpin()
+
+    cdef list _decode(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, id_type,
+                      str topic, int partition, txn_id, bint as_messages):
+        cdef Sections s = self._checked(pos)
+        return decode_batch(self.mapping.base + pos, s, self.path, pos, from_offset, limit, id_type,
+                            topic, partition, txn_id, as_messages)
+
+    def arrow_buffers(self, Py_ssize_t pos):
+        self._pin()
+        try:
+            return self._arrow_buffers(pos)
+        finally:
+            self.mapping.unpin()
+
+    def _arrow_buffers(self, Py_ssize_t pos):
+        """Zero-copy views of one batch for Arrow: a dict of memoryviews over
+        the mapping (``key_offsets``, ``keys``, ``validity`` or None,
+        ``value_offsets``, ``values``, ``event_deltas``) plus ``count``."""
+        cdef Sections s = self._checked(pos)
+        return arrow_views(self.mapping, self.mapping.base + pos, s, self.path, pos)
+
+    # -- lifetime ----------------------------------------------------------
+
+    def close(self, bint trim=True):
+        """Unmap (deferred while views live) and close; a writable segment is
+        trimmed to its used size so a sealed file ends at its last batch."""
+        if self.mapping is not None:
+            self.mapping.close()
+        if self.fd >= 0:
+            if self.writable and trim:
+                os.ftruncate(self.fd, self.size)
+            os.close(self.fd)
+            self.fd = -1
+
+    def sync_file(self):
+        """fsync the file: its data and its size (after a trim)."""
+        if self.fd >= 0:
+            os.fsync(self.fd)
+
+    def seal(self):
+        """Trim the file to its batches (it stays mapped for readers)."""
+        if self.writable and self.fd >= 0:
+            os.ftruncate(self.fd, self.size)
+            self.capacity = self.size
+            self.allocated = self.size
+
+    @property
+    def closed(self):
+        return self.fd < 0
+
+    def __dealloc__(self):
+        if self.fd >= 0:
+            c_close(self.fd)
+
