@@ -37,7 +37,7 @@ import time
 import pytest
 
 import txmq
-from txmq.producer import Producer
+from txmq.client.producer import Producer
 from test_bench_send import payloads
 
 ROUNDS, WARMUP = 300, 10

@@ -462,8 +462,8 @@ def _files(path) -> dict:
 # writes nothing of its own while the commands read.
 HOLDER = r"""
 import json, sys
-import txmq, txmq.broker
-txmq.broker.SNAPSHOT_INTERVAL = 3600.0
+import txmq, txmq.broker.broker
+txmq.broker.broker.SNAPSHOT_INTERVAL = 3600.0
 b = txmq.Broker(sys.argv[1], fsync="never", retention_check_interval=3600.0, half_check_interval=3600.0)
 c = b.subscribe("orders", "billing")
 c.ack(c.receive_many(3, timeout=1.0))
@@ -809,7 +809,7 @@ def test_check_cursor_frames_replayed_as_the_broker_replays_them(capsys, logs):
     broker opens the cursor and check agrees; an ACK_RANGE of the wrong
     size is refused by both, at the byte where its missing end should be."""
     from txmq._redolog import FRAME_HEADER_BYTES, frame
-    from txmq.cursor import ACK_RANGE
+    from txmq.storage.cursor import ACK_RANGE
     from txmq.errors import CorruptLogError
     cursor = os.path.join(logs, "subscriptions", "t", "s", "cursor-0.log")
     with open(cursor, "ab") as f:

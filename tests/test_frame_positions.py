@@ -18,7 +18,7 @@ from txmq import _half
 from txmq import _txn as T
 from txmq._redolog import FRAME_HEADER_BYTES, frame
 from txmq.cli import exits, main
-from txmq.cursor import ACK
+from txmq.storage.cursor import ACK
 from txmq.errors import CorruptLogError
 
 OPTS = dict(fsync="never", half_check_interval=3600.0, half_check_immunity=0.0)

@@ -19,7 +19,7 @@ from txmq.errors import CorruptLogError, InvalidArgumentError, InvalidHalfStateE
 
 from killer import drain
 
-CHECK_MAX = txmq.half.CHECK_MAX_TOPIC
+CHECK_MAX = txmq.storage.half_messages.CHECK_MAX_TOPIC
 
 
 def open_broker(path, **kw):

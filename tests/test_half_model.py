@@ -51,7 +51,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 import txmq
-import txmq.half
+import txmq.storage.half_messages
 from txmq import LocalTransactionState as S
 from txmq import _half
 from txmq.errors import InvalidHalfStateError
@@ -60,7 +60,7 @@ from txmq.message import MessageId
 TOPICS = {"orders": 2, "audit": 1}
 GROUPS = ("g0", "g1", "g2")
 MAX_CHECKS = 2
-CHECK_MAX = txmq.half.CHECK_MAX_TOPIC
+CHECK_MAX = txmq.storage.half_messages.CHECK_MAX_TOPIC
 ANSWERS = ("commit", "rollback", "unknown", "raise")
 LOCAL_ANSWERS = ANSWERS + ("garbage",)
 STATE = {"commit": S.COMMIT, "rollback": S.ROLLBACK, "unknown": S.UNKNOWN}
@@ -296,12 +296,12 @@ class HalfModel(RuleBasedStateMachine):
         base = self.base
         while base < self.next_id and self.msgs[base].state in RESOLVED and self.msgs[base].store_s <= now:
             base += 1
-        saved = txmq.half.COMPACT_MIN_FRAMES
-        txmq.half.COMPACT_MIN_FRAMES = 0          # compact now, however few frames
+        saved = txmq.storage.half_messages.COMPACT_MIN_FRAMES
+        txmq.storage.half_messages.COMPACT_MIN_FRAMES = 0          # compact now, however few frames
         try:
             assert self.broker._half.maybe_compact(now)
         finally:
-            txmq.half.COMPACT_MIN_FRAMES = saved
+            txmq.storage.half_messages.COMPACT_MIN_FRAMES = saved
         for i in range(self.base, base):
             del self.msgs[i]
         self.base = base
@@ -378,7 +378,7 @@ class HalfModel(RuleBasedStateMachine):
         for i in self._live():
             _, _, store_s, ghash, state, checks = table.get(i)
             mh = self.msgs[i]
-            assert (store_s, ghash, checks) == (mh.store_s, txmq.half.group_hash(mh.group), mh.checks), (mh, checks)
+            assert (store_s, ghash, checks) == (mh.store_s, txmq.storage.half_messages.group_hash(mh.group), mh.checks), (mh, checks)
 
 
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate]

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import txmq
-import txmq.half
+import txmq.storage.half_messages
 from txmq import LocalTransactionState as S
 from txmq import _half
 from txmq._redolog import parse

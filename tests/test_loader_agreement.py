@@ -26,7 +26,7 @@ from txmq.cli.check import check_directory
 from txmq.errors import CorruptLogError
 from txmq.storage.layout import RECOVERY_POINT_FILE, parse_recovery_point, segment_bases
 from txmq.storage.partition import Partition
-from txmq.txn import TxnID, TxnMeta
+from txmq.transactions.records import TxnID, TxnMeta
 
 pytestmark = pytest.mark.usefixtures("no_debug")
 

@@ -15,7 +15,7 @@ import pytest
 
 import txmq
 import txmq.readonly
-from txmq import datadir
+from txmq.storage import datadir
 from txmq.errors import DataDirError, TxmqError
 
 FAST = dict(fsync="never", control_socket=False)

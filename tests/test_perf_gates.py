@@ -172,7 +172,7 @@ def test_the_flush_counter_sees_the_msync_made_in_the_cython_core(tmp_path):
 
 
 def test_a_planted_python_call_per_send_fails_its_count_gate(tmp_path, monkeypatch, counts_module):
-    from txmq.producer import Producer
+    from txmq.client.producer import Producer
     send = Producer.send
 
     def wrapped(self, *a, **kw):
@@ -185,7 +185,7 @@ def test_a_planted_python_call_per_send_fails_its_count_gate(tmp_path, monkeypat
 
 
 def test_a_planted_object_per_received_message_fails_its_count_gate(tmp_path, monkeypatch, counts_module):
-    from txmq.consumer import Consumer
+    from txmq.client.consumer import Consumer
     receive_many = Consumer.receive_many
     kept = []
 

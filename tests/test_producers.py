@@ -459,7 +459,7 @@ def test_checkpoint_after_the_batch_effects(tmp_path, monkeypatch):
     import shutil
 
     import txmq.storage.log as L
-    from txmq.txn import TxnID
+    from txmq.transactions.records import TxnID
 
     monkeypatch.setattr(L, "CHECKPOINT_BYTES", 1)          # every append checkpoints
     part = Partition(tmp_path / "p", "t", 0, fsync="never")
@@ -501,7 +501,7 @@ def test_a_producer_in_an_open_transaction_never_expires(tmp_path):
     now = [1_000_000]
     part = Partition(tmp_path / "p", "t", 0, fsync="never", clock=lambda: now[0],
                      producer_expiration_ms=1_000)
-    from txmq.txn import TxnID
+    from txmq.transactions.records import TxnID
 
     class Meta:
         words = TxnID(0, 1).words

@@ -13,7 +13,7 @@ import txmq
 from txmq import errors
 from txmq._batch import BatchSpec
 from txmq._segment import Segment
-from txmq.cursor import COMPACT_FRAMES, Cursor
+from txmq.storage.cursor import COMPACT_FRAMES, Cursor
 from txmq.storage.index import write_entries as _write_entries
 from txmq.storage.partition import Partition
 

@@ -10,11 +10,11 @@ import threading
 import pytest
 
 import txmq
-import txmq.broker
-import txmq.coordinator
+import txmq.broker.broker
+import txmq.transactions.coordinator
 from txmq.errors import (InvalidArgumentError, InvalidTxnStateError, ProducerFencedError,
                          SubscriptionTypeError, TransactionError)
-from txmq.txn import TxnState
+from txmq.transactions.records import TxnState
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_reopen_fences_aborts_and_refuses_everything(broker):
         "begin": old.begin,
         "send_offsets": lambda: old.send_offsets_to_transaction(txn, c, {0: 2}),
     }
-    new_pr_old = txmq.producer.Producer(broker, broker._topic("out"), old.producer_id, old.epoch, owner=old)
+    new_pr_old = txmq.client.producer.Producer(broker, broker._topic("out"), old.producer_id, old.epoch, owner=old)
     for name, call in calls.items():
         with pytest.raises(ProducerFencedError):
             call()
@@ -251,7 +251,7 @@ def test_send_offsets_to_transaction(broker):
 
 
 def test_epoch_survives_restart_and_compaction(tmp_path, monkeypatch):
-    monkeypatch.setattr(txmq.coordinator, "COMPACT_FRAMES", 8)
+    monkeypatch.setattr(txmq.transactions.coordinator, "COMPACT_FRAMES", 8)
     path = tmp_path / "data"
     with txmq.Broker(path, fsync="never", num_coordinators=2) as b:
         b.create_topic("out")
@@ -276,7 +276,7 @@ def test_epoch_survives_restart_and_compaction(tmp_path, monkeypatch):
 
 
 def test_epoch_overflow_takes_a_new_producer_id(broker, monkeypatch):
-    monkeypatch.setattr(txmq.broker, "EPOCH_MAX", 2)
+    monkeypatch.setattr(txmq.broker.broker, "EPOCH_MAX", 2)
     ids = [(tp.producer_id, tp.epoch) for tp in (broker.transactional_producer("etl") for _ in range(4))]
     assert ids[0][1] == 0 and ids[1] == (ids[0][0], 1) and ids[2] == (ids[0][0], 2)
     assert ids[3][1] == 0 and ids[3][0] != ids[0][0]
@@ -305,7 +305,7 @@ def test_reopen_waits_for_a_commit_being_applied(broker, monkeypatch):
     """The previous instance's commit is decided and half applied when the
     id is opened again: the new instance is returned only once that commit
     is applied everywhere, so it starts from the committed positions."""
-    from txmq import coordinator
+    from txmq.transactions import coordinator
 
     gate, at_half = threading.Event(), threading.Event()
     orig = coordinator.crashpoints.reached
@@ -348,9 +348,9 @@ def test_reopen_waits_for_a_commit_being_applied(broker, monkeypatch):
 
 
 def test_reopen_gives_up_on_a_commit_that_cannot_finish(broker, monkeypatch):
-    import txmq.transactional
+    import txmq.client.transactional_producer
 
-    monkeypatch.setattr(txmq.transactional, "FENCE_WAIT", 0.2)
+    monkeypatch.setattr(txmq.client.transactional_producer, "FENCE_WAIT", 0.2)
     old = broker.transactional_producer("etl")
     txn = old.begin()
     old.producer("out").send(b"x", partition=0, txn=txn)

@@ -167,7 +167,7 @@ def test_retention_trims_the_abort_set(tmp_path):
 
 
 def test_coordinator_log_is_compacted(tmp_path, monkeypatch):
-    from txmq import coordinator
+    from txmq.transactions import coordinator
     monkeypatch.setattr(coordinator, "COMPACT_FRAMES", 100)
     monkeypatch.setattr(coordinator, "LIVE_FRAMES", 1)
     path = tmp_path / "d"

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import txmq
-import txmq.coordinator as coordinator_mod
+import txmq.transactions.coordinator as coordinator_mod
 from txmq.errors import TxmqError
 
 

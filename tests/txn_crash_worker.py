@@ -412,19 +412,19 @@ def shrink_thresholds() -> None:
     """Compact every log, snapshot every transaction buffer and write
     recovery points (each with its buffer snapshot) after a few frames or
     KiB instead of thousands, so kills land in those paths too."""
-    import txmq.broker
-    import txmq.coordinator
-    import txmq.cursor
+    import txmq.broker.broker
+    import txmq.transactions.coordinator
+    import txmq.storage.cursor
     import txmq.storage.log
     import txmq.storage.txnbuffer
-    import txmq.subscription
+    import txmq.dispatch.subscription
     txmq.storage.txnbuffer.SNAPSHOT_EVERY_TXNS = 3
-    txmq.coordinator.COMPACT_FRAMES = 40
-    txmq.coordinator.LIVE_FRAMES = 1
+    txmq.transactions.coordinator.COMPACT_FRAMES = 40
+    txmq.transactions.coordinator.LIVE_FRAMES = 1
     txmq.storage.log.CHECKPOINT_BYTES = 8 * 1024
-    txmq.cursor.COMPACT_FRAMES = 6
-    txmq.subscription.COMPACT_FRAMES = 6
-    txmq.broker.SNAPSHOT_INTERVAL = 0.03
+    txmq.storage.cursor.COMPACT_FRAMES = 6
+    txmq.dispatch.subscription.COMPACT_FRAMES = 6
+    txmq.broker.broker.SNAPSHOT_INTERVAL = 0.03
 
 
 def main(argv) -> None:

@@ -19,6 +19,8 @@ from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
+from txmq.errors import InvalidArgumentError
+
 __all__ = ["DefaultSource", "kafka_schema"]
 
 
@@ -40,8 +42,6 @@ def _check_schema(schema: StructType, include_headers: bool) -> None:
     (``spark.read.schema(...)``) must be that one."""
     expected = kafka_schema(include_headers)
     if schema.simpleString() != expected.simpleString():
-        from txmq.errors import InvalidArgumentError
-
         raise InvalidArgumentError("schema", schema.simpleString(), expected.simpleString()
                                    + " (the columns of Spark's Kafka source; headers with includeHeaders=true)")
 

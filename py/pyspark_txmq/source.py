@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow)
 
+import txmq.readonly
 from txmq.errors import DataLossError, InvalidArgumentError
 from txmq.storage.delivery import ISOLATIONS
 
@@ -325,8 +326,6 @@ class OffsetRange(InputPartition):
 
 
 def _open(opts: ReadOptions):
-    import txmq.readonly
-
     return txmq.readonly.open(opts.path)
 
 

@@ -7,14 +7,15 @@
 """
 
 from txmq import errors
-from txmq.broker import Broker
-from txmq.consumer import Consumer
-from txmq.half import HalfProducer, HalfSendResult, LocalTransactionState
+from txmq.broker.broker import Broker
+from txmq.client.consumer import Consumer
+from txmq.client.half_producer import HalfProducer, HalfSendResult
+from txmq.storage.half_messages import LocalTransactionState
 from txmq.message import AbortedTransaction, Message, MessageId, MessageIds
-from txmq.producer import Producer
-from txmq.transaction import Transaction
-from txmq.transactional import TransactionalProducer
-from txmq.txn import TxnID, TxnState
+from txmq.client.producer import Producer
+from txmq.client.transaction import Transaction
+from txmq.client.transactional_producer import TransactionalProducer
+from txmq.transactions.records import TxnID, TxnState
 from txmq import functions  # noqa: F401  (exactly-once functions: txmq.functions.Function)
 
 __all__ = ["AbortedTransaction", "Broker", "Consumer", "HalfProducer", "HalfSendResult", "LocalTransactionState",

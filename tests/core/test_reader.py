@@ -18,8 +18,8 @@ from txmq._ackset import AckSet
 from txmq._producers import ProducerStates
 from txmq._reader import Reader
 from txmq._redolog import FRAME_HEADER_BYTES, RedoLog, frame, parse, payload_position_of
-from txmq.cursor import ACK, ACK_RANGE, MARK_DELETE
-from txmq.cursor import replay as replay_cursor
+from txmq.storage.cursor import ACK, ACK_RANGE, MARK_DELETE
+from txmq.storage.cursor import replay as replay_cursor
 from txmq.errors import CorruptLogError
 
 PATH = "/data/some.log"

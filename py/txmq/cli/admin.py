@@ -11,7 +11,7 @@ from __future__ import annotations
 from txmq.cli import exits, opening
 from txmq.cli.output import emit_json, size, table
 from txmq.errors import InvalidArgumentError
-from txmq.txn import TxnID
+from txmq.transactions.records import TxnID
 
 POSITIONS = ("earliest", "latest")
 

@@ -7,7 +7,7 @@ the broker reads them with, in read-only mode: segments through the Cython
 offsets and the dense base offsets of every batch and never truncates when
 not writable), redo logs through ``_redolog.parse`` and the replay
 functions of ``_txn`` (coordinator, pending acks, producer registry),
-``_half`` (half messages) and ``txmq.cursor.replay`` (cursors), which read
+``_half`` (half messages) and ``txmq.storage.cursor.replay`` (cursors), which read
 every payload through ``_reader.Reader`` and so name the first bad byte,
 and the fixed-layout files through the parsers of ``txmq.storage.layout``.
 A partition's segments are walked by the loader opening uses
@@ -41,11 +41,11 @@ from txmq import _half, readonly
 from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse
 from txmq._txn import replay_coordinator, replay_pending, replay_registry
-from txmq import datadir
-from txmq.datadir import DATA_DIR_ENTRIES
+from txmq.storage import datadir
+from txmq.storage.datadir import DATA_DIR_ENTRIES
 from txmq.cli import exits, opening
 from txmq.cli.output import Progress, emit_json, size, wants_progress
-from txmq.cursor import replay as replay_cursor
+from txmq.storage.cursor import replay as replay_cursor
 from txmq._readview import RV_LIVE
 from txmq.errors import CorruptLogError, DataDirError, DataDirLockedError
 from txmq.storage.delivery import ISOLATIONS
@@ -57,8 +57,8 @@ from txmq.storage.layout import (INDEX_SUFFIX, PRODUCERS_FILE, PRODUCERS_HEAD, P
                                  txnindex_entries)
 from txmq.storage.loader import CHECK, CORRUPT, REPAIRABLE, LogLoader, Problem
 from txmq.storage.txnbuffer import MARKER_FLAGS
-from txmq.subscription import POSITIONS, TYPES
-from txmq.topic import Topic
+from txmq.dispatch.subscription import POSITIONS, TYPES
+from txmq.storage.topic import Topic
 
 REDO_HEADER_SIZE = len(FILE_HEADER)
 ABORT_MARKER = MARKER_FLAGS[False]

@@ -25,7 +25,7 @@ import time
 from txmq import readonly
 from txmq.cli import exits, output
 from txmq.errors import DataDirLockedError
-from txmq.txn import TxnID
+from txmq.transactions.records import TxnID
 
 
 class DirectoryView:

@@ -28,7 +28,7 @@ import shutil
 import time
 
 import txmq
-from txmq.datadir import DATA_DIR_ENTRIES
+from txmq.storage.datadir import DATA_DIR_ENTRIES
 from txmq.demo import bank as demo_bank, spark as demo_spark, windows as demo_windows
 from txmq.demo.worker import run_and_kill
 

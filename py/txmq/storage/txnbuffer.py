@@ -31,7 +31,7 @@ from txmq.files import write_atomic
 from txmq.storage.layout import (TXNBUF_HAS_TXN_DATA, TXNINDEX_ENTRY, TXNINDEX_SUFFIX, segment_file,
                                  txn_snapshot_bytes, txnindex_bytes, txnindex_entries)
 from txmq.storage.loader import Dropped
-from txmq.txn import TxnID
+from txmq.transactions.records import TxnID
 
 TRANSACTIONAL = FLAG["transactional"]
 MARKER_ABORT = FLAG["marker_abort"]

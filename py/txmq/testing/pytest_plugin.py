@@ -25,6 +25,7 @@ import time
 
 import pytest
 
+import txmq
 from txmq.testing import gates as gatelib
 
 
@@ -34,8 +35,6 @@ def pytest_configure(config):
 
 @pytest.fixture
 def txmq_broker(tmp_path, request):
-    import txmq
-
     marker = request.node.get_closest_marker("txmq")
     kwargs = {"fsync": "never", **(marker.kwargs if marker else {})}
     broker = txmq.Broker(tmp_path / "txmq", **kwargs)

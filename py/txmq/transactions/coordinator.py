@@ -34,7 +34,7 @@ from txmq._txn import (ABORTING, COMMITTING, OPEN, TC_ABORTED, TC_ABORTING,
                        TC_PRODUCER, encode_coordinator_snapshot, encode_producer, encode_text, pack_txn,
                        replay_coordinator)
 from txmq.errors import BrokerClosedError
-from txmq.txn import TxnID, TxnMeta, TxnState
+from txmq.transactions.records import TxnID, TxnMeta, TxnState
 
 log = logging.getLogger("txmq.coordinator")
 

@@ -13,7 +13,7 @@ from txmq._partitioner import partition_for, partitions_for_arrow, partitions_fo
 from txmq.errors import (BrokerClosedError, InvalidArgumentError, InvalidMessageError, PartitionNotFoundError,
                          ProducerFencedError, TopicNotFoundError)
 from txmq.message import MessageId, MessageIds
-from txmq.transaction import meta_of
+from txmq.client.transaction import meta_of
 
 
 class Producer:

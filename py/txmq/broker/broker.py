@@ -2,7 +2,7 @@
 
 Layout of a data directory (docs/FORMAT.md has every file's bytes)::
 
-    <data>/txmq.json                              marks a data directory (txmq.datadir)
+    <data>/txmq.json                              marks a data directory (txmq.storage.datadir)
     <data>/LOCK                                   one writer process (flock)
     <data>/topics/<topic>/topic.json              partitions, retention
     <data>/topics/<topic>/<p>/...                 the partition log
@@ -12,7 +12,7 @@ Layout of a data directory (docs/FORMAT.md has every file's bytes)::
     <data>/coordinator/tc-<id>.log                transaction log per coordinator
                                                   (and transactional ids homed there)
     <data>/producers.log                          producer-id counter, named producers
-    <data>/half/log/0/, half/statetable, half/redo.log   half messages (txmq.half)
+    <data>/half/log/0/, half/statetable, half/redo.log   half messages (txmq.storage.half_messages)
     <data>/control.sock                           the owner's control socket (txmq.control)
     <data>/staging/<job>/<attempt>/               batches staged by other processes (txmq.ingest)
 
@@ -36,31 +36,35 @@ import shutil
 import threading
 import time
 
-from txmq.consumer import Consumer
+from txmq.client.consumer import Consumer
 from txmq._crc32c import crc32c_of
 from txmq._txn import COMMITTED, COMMITTING, OPEN
-from txmq.coordinator import TransactionCoordinator
+from txmq.transactions.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, DataDirError, DataDirLockedError, InvalidArgumentError,
                          InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
                          SubscriptionBusyError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
                          TopicExistsError, TopicNotFoundError, TransactionNotFoundError)
 from txmq.message import AbortedTransaction
-from txmq.producer import Producer
-from txmq.producers import ProducerRegistry
+from txmq.client.producer import Producer
+from txmq.transactions.producer_ids import ProducerRegistry
 from txmq.scheduler import MIN_INTERVAL, Scheduler
-from txmq import crashpoints, datadir
+from txmq import crashpoints
+from txmq.storage import datadir
 from txmq.files import sync_dir, write_json
-from txmq.half import HalfProducer, HalfStore
-from txmq.ingest import Ingester, clean_staging
+from txmq.client.half_producer import HalfProducer
+from txmq.storage.half_messages import HalfStore
+from txmq.broker.control_socket import ControlServer
+from txmq.broker.ingester import Ingester
+from txmq.storage.staging import clean_staging
 from txmq.options import (INT32_MAX, TIMEOUT_MAX_SECONDS, choice_option, flag_option, int_option,
                           partitions_option, retention_options, seconds_option)
 from txmq.storage.delivery import ISOLATIONS
-from txmq.subscription import POSITIONS, TYPES, Subscription
-from txmq.topic import Topic, check_subscription_name, check_topic_name
-from txmq.transaction import Transaction
-from txmq.transactional import TransactionalProducer
-from txmq.txn import TxnID, TxnState
+from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription
+from txmq.storage.topic import Topic, check_subscription_name, check_topic_name
+from txmq.client.transaction import Transaction
+from txmq.client.transactional_producer import TransactionalProducer
+from txmq.transactions.records import TxnID, TxnState
 
 log = logging.getLogger("txmq.broker")
 
@@ -203,7 +207,6 @@ class Broker:
         self._scheduler.every(half_check_interval, self.check_half_messages)
         self._ingester = Ingester(self)
         if control_socket:
-            from txmq.control import ControlServer
             try:
                 self._control = ControlServer(self, self._control_handlers())
             except BaseException:

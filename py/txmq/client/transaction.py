@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from txmq.errors import InvalidArgumentError
-from txmq.txn import TxnID, TxnState
+from txmq.transactions.records import TxnID, TxnState
 
 
 class Transaction:

@@ -15,9 +15,9 @@ import time
 from txmq.errors import (ConcurrentTransactionsError, InvalidArgumentError, InvalidTxnStateError,
                          PartitionNotFoundError, ProducerFencedError, TransactionError)
 from txmq.message import MessageId
-from txmq.producer import Producer
-from txmq.transaction import meta_of
-from txmq.txn import TxnState
+from txmq.client.producer import Producer
+from txmq.client.transaction import meta_of
+from txmq.transactions.records import TxnState
 
 # How long opening a transactional id waits for the previous instance's
 # transaction to finish a commit or abort already decided.

@@ -32,13 +32,13 @@ from txmq._segment import SegmentClosedError
 from txmq._redolog import RedoLog
 from txmq.batcharrow import batch_arrays
 from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
-from txmq.cursor import COMPACT_FRAMES, Cursor
+from txmq.storage.cursor import COMPACT_FRAMES, Cursor
 from txmq.files import sync_dir, write_json
 from txmq.errors import (BrokerClosedError, NotAcknowledgeableError, SubscriptionBusyError,
                          SubscriptionTypeError, TransactionConflictError)
 from txmq.message import MessageId
 from txmq.storage.delivery import READ_COMMITTED, TRANSACTIONAL, read_limit
-from txmq.txn import TxnID
+from txmq.transactions.records import TxnID
 
 TYPES = ("exclusive", "shared", "failover")
 POSITIONS = ("latest", "earliest")

@@ -7,7 +7,7 @@ import datetime
 from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTypeError
 from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
-from txmq.transaction import meta_of
+from txmq.client.transaction import meta_of
 
 
 def _ids(messages) -> list:

@@ -1,0 +1,769 @@
+"""Read-only access to a data directory from another process (DESIGN.md §8).
+
+``txmq.readonly.open(path)`` maps the segments and the ``readview`` file of
+each partition and reads exactly the committed prefix the writer has
+published, without taking ``<data>/LOCK``, without writing, truncating or
+creating a file, whether a writer holds the directory or not. The PySpark
+source and CLI inspection build on it.
+
+Where a partition's view comes from (docs/FORMAT.md, "Read view" and
+"Opening a partition"):
+
+1. A process holds the lock and the ``readview`` file's newest whole slot
+   says LIVE or CLOSED: the slot. The reader takes the slot, then reads
+   the ``.txnindex`` files (aborted transactions), then maps the segments,
+   then reads the slot again: if the writer reopened the partition
+   meanwhile (a new epoch, or RECOVERING) it starts over, since recovery
+   may rewrite ``.txnindex`` files. Bytes and abort entries are published
+   before the slot that vouches for them, so nothing read below the slot's
+   log end is torn, and every aborted transaction with data below its
+   maxReadPosition is in a ``.txnindex``. Files are never scanned under a
+   live writer: it may trim a segment under the scan.
+2. No process holds the lock (the writer closed, or died): the segments
+   are walked as the next opening will walk them (``txmq.storage.loader``
+   in read-only mode: from the recovery point, a torn or corrupt tail
+   ends the view where opening would cut it, a gap raises
+   :class:`~txmq.errors.CorruptLogError` as opening does). When the log so
+   loaded holds everything a LIVE or CLOSED slot vouches for, the slot's
+   transaction state is taken (no transaction open below its
+   maxReadPosition, the aborted ones in the ``.txnindex`` files) and the
+   batch headers after its maxReadPosition are replayed, so a transaction
+   without a marker holds maxReadPosition back at its first offset, as the
+   next writer would until it aborts it (``source``: "readview" after a
+   clean close, "readview+scan" after a writer died). Otherwise (no file,
+   a bad magic, RECOVERING: a writer died while opening; or a log cut
+   short of the slot) the transaction buffer is rebuilt as opening
+   rebuilds it, from ``txnbuffer.snap`` (when its CRC and offset check)
+   plus a replay of the batch headers after it (``source``: "scan");
+   ``.txnindex`` files are not trusted then: a writer that died in
+   recovery may have left them half rewritten. Such a view is kept while
+   the slot stays the same.
+3. A process holds the lock and there is no usable slot (it is opening
+   the partition): wait up to ``wait_s`` for a slot, then raise
+   :class:`~txmq.errors.DataDirLockedError`.
+
+Whether a process holds the lock is read from ``/proc/locks`` (the flock
+on ``LOCK``'s inode), else from the pid written in ``LOCK``. Segments are
+mapped read-only; a segment that retention deletes while it is mapped stays
+readable until its last view (an Arrow array, a memoryview) is released.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from txmq._batch import FLAG
+from txmq._segment import Segment
+from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
+from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
+                       replay_pending)
+from txmq.batcharrow import batch_arrays
+from txmq.storage.cursor import replay as replay_cursor
+from txmq.storage.datadir import lock_files
+from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentError, PartitionNotFoundError,
+                         TopicNotFoundError)
+from txmq.message import MessageId
+from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
+                            READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
+from txmq.storage.delivery import ISOLATIONS, backlog, never_delivered, read_limit
+from txmq.storage.layout import (READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, read_txn_snapshot, segment_bases,
+                                 txnindex_entries)
+from txmq.storage.loader import READ_ONLY, LogLoader, open_read_only, published_segments
+from txmq.storage.log import offset_for_time
+from txmq.storage.txnbuffer import replay_txn_header
+from txmq.transactions.records import TxnID
+
+__all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
+
+GATHER_BELOW = 64      # rows: read_arrow copies a smaller batch together with its neighbours
+builtin_open = open           # this module defines open(path): the reader's own verb
+TRANSACTIONAL = FLAG["transactional"]
+MARKER_ABORT = FLAG["marker_abort"]
+
+# A slot read as: closing generation, the eight fields, opening generation.
+_GEN = struct.Struct("<Q")
+_FIELDS = struct.Struct("<" + READVIEW_SLOT.format[2:-1])
+assert _FIELDS.size == READVIEW_SLOT.size - 16
+_TRIES = 64                   # rereads of a slot pair the writer keeps overwriting
+_POLL_S = 0.005               # between looks at a readview that is being recovered
+
+
+@dataclass(frozen=True)
+class ReadView:
+    """One whole slot of a partition's ``readview`` file."""
+
+    generation: int
+    epoch: int
+    state: int                  # RV_RECOVERING, RV_LIVE or RV_CLOSED
+    log_start: int
+    log_end: int
+    max_read_position: int
+    active_base: int
+    active_size: int
+    aborted_version: int
+
+
+def read_readview(buf) -> ReadView | None:
+    """The newest whole slot of readview bytes ``buf`` (a mapping or bytes),
+    or None when the head is not a version-1 readview or no slot is whole.
+
+    Each slot is read closing generation first, fields next, opening
+    generation last; the writer stores them in the opposite order, so equal
+    generations mean the fields between are the ones they frame."""
+    if len(buf) < READVIEW_BYTES:
+        return None
+    magic, version, slot_bytes, slots = READVIEW_HEAD.unpack_from(buf)
+    if (magic, version, slot_bytes, slots) != (READVIEW_MAGIC, READVIEW_VERSION, READVIEW_SLOT.size,
+                                                READVIEW_SLOTS):
+        return None
+    for _ in range(_TRIES):
+        best = None
+        for i in range(READVIEW_SLOTS):
+            off = READVIEW_HEAD.size + READVIEW_SLOT.size * i
+            closing = _GEN.unpack_from(buf, off + READVIEW_GEN_END)[0]
+            fields = _FIELDS.unpack_from(buf, off + 8)
+            opening = _GEN.unpack_from(buf, off)[0]
+            if opening == closing and opening and fields[1] in (RV_RECOVERING, RV_LIVE, RV_CLOSED):
+                if best is None or opening > best.generation:
+                    best = ReadView(opening, *fields)
+        if best is not None:
+            return best
+    return None
+
+
+def writer_pid(path) -> int | None:
+    """The pid of the process that owns the data directory at ``path``
+    (holds the flock on the directory or on its ``LOCK``, see
+    :class:`txmq.storage.datadir.DirLock`; 0 when one does but its pid is not
+    visible here), or None when none does. Never takes the lock: a failed
+    try would make a starting writer fail."""
+    ids = set()
+    for name in lock_files(os.fspath(path)):
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            continue
+        ids.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    if not ids:
+        return None
+    try:
+        with builtin_open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return _pid_alive(os.path.join(os.fspath(path), "LOCK"))
+    for line in lines:
+        parts = line.split()
+        if "->" in parts or len(parts) < 6 or parts[1] != "FLOCK":
+            continue      # "->": a waiter, not a holder
+        if parts[5] in ids:
+            return int(parts[4]) if parts[4].isdigit() else 0
+    return None
+
+
+def _pid_alive(lock: str) -> int | None:
+    try:
+        with builtin_open(lock, "rb") as f:
+            pid = int(f.read(64).strip() or 0)
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+
+@dataclass
+class _Seg:
+    """A segment mapped for one view: read its batches below ``size``."""
+
+    base: int
+    segment: Segment
+    size: int
+    next_offset: int
+
+
+@dataclass
+class PartitionView:
+    """One consistent view of a partition: its offsets, its mapped
+    segments, and the aborted transactions with data in them."""
+
+    topic: str
+    partition: int
+    log_start: int
+    log_end: int
+    max_read_position: int
+    source: str                 # "readview", "readview+scan" or "scan"
+    segments: list
+    aborted: AbortSet
+    epoch: int = 0
+    bases: list = field(default_factory=list)
+
+    def batches(self, start: int, limit: int):
+        """``(segment, position, BatchInfo)`` of every batch (markers too)
+        that holds an offset in [start, limit), in offset order."""
+        if start >= limit or not self.segments:
+            return
+        i = max(0, bisect.bisect_right(self.bases, start) - 1)
+        for s in self.segments[i:]:
+            if s.base >= limit:
+                return
+            seg = s.segment
+            pos = seg.locate(max(start, s.base)) if s.size else -1
+            while 0 <= pos < s.size:
+                info = seg.batch_at(pos)
+                if info.base_offset >= limit:
+                    return
+                yield seg, pos, info
+                pos += info.length
+
+    def limit(self, isolation: str, end: int | None) -> int:
+        return read_limit(isolation == "read_committed", self.max_read_position, self.log_end, end)
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        """The first offset of this view published at or after
+        ``timestamp_ms`` (from the segments' time indexes), None when every
+        message in it was published before."""
+        off = offset_for_time([s.segment for s in self.segments], timestamp_ms)
+        return None if off is None or off >= self.log_end else max(off, self.log_start)
+
+    def skipped(self, info, committed: bool) -> bool:
+        """A marker, or (``committed``) a batch of an aborted transaction."""
+        return never_delivered(info, self.aborted, committed)
+
+    def read(self, start: int, end: int | None = None, isolation: str = "read_committed"):
+        """:meth:`ReadOnlyDirectory.read` within this view."""
+        _check_isolation(isolation)
+        return self._read(max(start, self.log_start), self.limit(isolation, end), isolation == "read_committed")
+
+    def _read(self, start: int, limit: int, committed: bool):
+        for seg, pos, info in self.batches(start, limit):
+            if self.skipped(info, committed):
+                continue
+            first = max(start, info.base_offset)
+            txn = TxnID.from_words(info.txn_hi, info.txn_lo) if info.flags & TRANSACTIONAL else None
+            yield from seg.read_messages(pos, first, limit - first, self.topic, self.partition, MessageId, txn)
+
+    def read_arrow(self, start: int, end: int | None = None, isolation: str = "read_committed",
+                   max_rows: int = 65536, include_headers: bool = False, timestamp_unit: str = "ms",
+                   gather_below: int = GATHER_BELOW):
+        """:meth:`ReadOnlyDirectory.read_arrow` within this view."""
+        _check_isolation(isolation)
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise InvalidArgumentError("max_rows", max_rows, "an int >= 1")
+        if timestamp_unit not in ("ms", "us"):
+            raise InvalidArgumentError("timestamp_unit", timestamp_unit, "ms | us")
+        limit = self.limit(isolation, end)
+        start = max(start, self.log_start)
+        return _arrow_batches(self, start, limit, isolation == "read_committed", max_rows, include_headers,
+                              timestamp_unit, gather_below)
+
+
+class _PartitionReader:
+    """Builds :class:`PartitionView`s of one partition directory."""
+
+    def __init__(self, directory: "ReadOnlyDirectory", topic: str, index: int):
+        self.dir = directory
+        self.topic = topic
+        self.index = index
+        self.path = os.path.join(directory.path, "topics", topic, str(index))
+        self._rv_map = None
+        self._segs: dict = {}          # (base, size, next offset) -> Segment
+        self._aborted_key = None
+        self._aborted = None
+        self._scanned = None           # (ReadView, PartitionView) of the last scan
+
+    def readview(self) -> ReadView | None:
+        if self._rv_map is None:
+            try:
+                fd = os.open(os.path.join(self.path, READVIEW_FILE), os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                if os.fstat(fd).st_size < READVIEW_BYTES:
+                    return None
+                self._rv_map = mmap.mmap(fd, READVIEW_BYTES, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        return read_readview(self._rv_map)
+
+    def view(self) -> PartitionView:
+        if not os.path.isdir(self.path):
+            raise PartitionNotFoundError(self.topic, self.index)
+        deadline = time.monotonic() + self.dir.wait_s
+        moved = 0
+        while True:
+            rv = self.readview()
+            holder = writer_pid(self.dir.path)
+            usable = rv is not None and rv.state != RV_RECOVERING
+            if holder is None:
+                # No writer: the files are what the next opening will load.
+                view = self._scan(rv if usable else None)
+                if self.readview() == rv:
+                    return view
+                continue           # a writer began opening the partition meanwhile
+            if not usable:
+                if time.monotonic() > deadline:
+                    raise DataDirLockedError(self.dir.path, f"pid {holder}, which has not published "
+                                             f"{self.topic}/{self.index} within {self.dir.wait_s} s")
+                time.sleep(_POLL_S)
+                continue
+            try:
+                view = self._from_readview(rv)
+            except (FileNotFoundError, _Moved) as e:
+                # Retention moved the log start under us: look again, but a
+                # layout that stays wrong is damage, not a race.
+                moved += 1
+                if moved > _TRIES:
+                    raise CorruptLogError(self.path, 0, f"segments do not match the readview: {e!r}") from None
+                continue
+            again = self.readview()
+            if again is not None and again.epoch == rv.epoch and again.state != RV_RECOVERING:
+                return view
+
+    # -- a view the writer published ---------------------------------------------
+
+    def _from_readview(self, rv: ReadView) -> PartitionView:
+        aborted = self._aborted_from_txnindex((rv.epoch, rv.aborted_version))
+        bases = segment_bases(self.path)
+        plan = published_segments(bases, rv.log_start, rv.active_base, rv.active_size, rv.log_end)
+        if plan is None:
+            raise _Moved(f"segments {bases[:1]}..{bases[-1:]}, readview {rv.log_start}..{rv.active_base}")
+        segs = [self._segment(base, size, next_offset) for base, size, next_offset in plan]
+        return PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
+                             "readview", segs, aborted, rv.epoch, [s.base for s in segs])
+
+    def _segment(self, base: int, size: int, next_offset: int) -> _Seg:
+        """Segment ``base`` known good up to ``size`` bytes (-1: the whole
+        file, a sealed segment), adopting its on-disk indexes where they
+        check (else the reads walk from byte 0)."""
+        key = (base, size, next_offset)
+        seg = self._segs.get(key)
+        if seg is None:
+            seg = open_read_only(self.path, base, size, next_offset)
+            self._segs = {k: v for k, v in self._segs.items() if k[0] != base}   # one size per base
+            self._segs[key] = seg
+        return _Seg(base, seg, seg.size, next_offset)
+
+    def _aborted_from_txnindex(self, key) -> AbortSet:
+        """Every entry of every ``.txnindex`` up to its first bad one; cached
+        while the writer's (epoch, aborted-set version) stays the same."""
+        if key == self._aborted_key:
+            return self._aborted
+        aborted = AbortSet()
+        for name in os.listdir(self.path):
+            if not name.endswith(TXNINDEX_SUFFIX):
+                continue
+            try:
+                with builtin_open(os.path.join(self.path, name), "rb") as f:
+                    raw = f.read()
+            except FileNotFoundError:
+                continue           # deleted by retention since listdir
+            # Up to the first bad entry (one being appended, or damage): the
+            # rest is not vouched for.
+            for hi, lo, _, first, marker in txnindex_entries(raw)[0]:
+                aborted.add(hi, lo, first, marker)
+        self._aborted_key, self._aborted = key, aborted
+        return aborted
+
+    # -- a view from the files alone (no writer) ----------------------------------
+
+    def _scan(self, rv: ReadView | None) -> PartitionView:
+        """The partition as the next opening will load it, with no writer
+        live (module docstring, cases 2 and 3): the writer's walk
+        (``txmq.storage.loader``) without its writes, so the view ends
+        where the writer's log will, and a gap between segments raises
+        CorruptLogError as opening does. Cached while the read view stays
+        the same (no writer has opened the partition since)."""
+        if rv is not None and self._scanned is not None and self._scanned[0] == rv:
+            return self._scanned[1]
+        loader = LogLoader(self.path, READ_ONLY, min_base=rv.log_start if rv is not None else None)
+        segs = [_Seg(s.base_offset, s, s.size, s.next_offset) for s in loader.load()]
+        start = segs[0].base if segs else (rv.log_end if rv is not None else 0)
+        end = segs[-1].next_offset if segs else start
+        view = PartitionView(self.topic, self.index, start, end, end, "scan", segs, AbortSet(), 0,
+                             [s.base for s in segs])
+        if rv is not None and rv.log_start <= end and rv.log_end <= end:
+            # The log holds all the read view vouches for: its transaction
+            # state (no transaction open below its maxReadPosition, the
+            # aborted ones in the .txnindex files) plus a replay after it.
+            ongoing = OngoingQueue()
+            aborted = view.aborted = self._aborted_below(end)
+            replay_from = rv.max_read_position
+            view.source, view.epoch = ("readview" if rv.state == RV_CLOSED else "readview+scan"), rv.epoch
+        else:
+            # Cut short of it, or no read view: the writer's way, from the
+            # transaction-buffer snapshot.
+            ongoing, aborted, replay_from = self._txn_snapshot(start, end)
+            view.aborted = aborted
+        for _, _, info in view.batches(max(replay_from, start), end):
+            if info.flags & TRANSACTIONAL:
+                replay_txn_header(info, ongoing, aborted)
+        view.max_read_position = ongoing.max_read_position(end)
+        if rv is not None:
+            self._scanned = (rv, view)
+        return view
+
+    def _aborted_below(self, end: int) -> AbortSet:
+        """The aborted transactions of the ``.txnindex`` files whose ABORT
+        marker lies below ``end`` (opening drops an entry past the log
+        end), in a set of their own (the replay adds to it)."""
+        aborted = AbortSet()
+        for hi, lo, first, marker in self._aborted_from_txnindex(object()).entries():
+            if marker < end:
+                aborted.add(hi, lo, first, marker)
+        return aborted
+
+    def _txn_snapshot(self, start: int, end: int):
+        """(ongoing, aborted, replay from) out of ``txnbuffer.snap`` when it
+        checks and its offset lies in [start, end] (as opening takes it),
+        else empty tables from the log start."""
+        try:
+            snap = read_txn_snapshot(os.path.join(self.path, TXNBUF_FILE))
+        except (OSError, CorruptLogError):
+            snap = None
+        if snap is None or not start <= snap[0][-1] <= end:
+            return OngoingQueue(), AbortSet(), start
+        (_, _, _, offset), (ongoing, aborted) = snap
+        return ongoing, aborted, offset
+
+
+class _Moved(Exception):
+    """The files changed under a view being built (retention): build again."""
+
+
+class ReadOnlyDirectory:
+    """A data directory opened read-only (DESIGN.md §8; the module docstring
+    says where each partition's view comes from).
+
+    Every call takes a fresh view of the partitions it touches, so offsets
+    move forward between calls as the writer publishes; one ``read`` /
+    ``read_arrow`` iterates over the one view it took when called.
+    ``wait_s`` bounds the wait for a writer that is opening a partition.
+    """
+
+    def __init__(self, path, *, wait_s: float = 10.0):
+        self.path = os.path.abspath(os.fspath(path))
+        if not os.path.isdir(os.path.join(self.path, "topics")):
+            raise FileNotFoundError(f"{self.path} is not a txmq data directory (no topics/)")
+        self.wait_s = wait_s
+        self._readers: dict = {}
+
+    # -- what is there -----------------------------------------------------------
+
+    def topics(self) -> list:
+        """Names of the topics, sorted (a topic exists when its topic.json does)."""
+        root = os.path.join(self.path, "topics")
+        return sorted(n for n in os.listdir(root) if os.path.exists(os.path.join(root, n, "topic.json")))
+
+    def topic_config(self, topic: str) -> dict:
+        """The topic's ``topic.json`` (partitions, retention)."""
+        try:
+            with builtin_open(os.path.join(self.path, "topics", topic, "topic.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise TopicNotFoundError(topic) from None
+
+    def partitions(self, topic: str) -> list:
+        """The partition numbers of ``topic``: ``[0, .., N-1]``."""
+        return list(range(self.topic_config(topic)["partitions"]))
+
+    def view(self, topic: str, partition: int) -> PartitionView:
+        """A fresh consistent view of one partition (offsets, segments,
+        aborted transactions); what every other call reads through."""
+        if partition not in self.partitions(topic):
+            raise PartitionNotFoundError(topic, partition)
+        reader = self._readers.get((topic, partition))
+        if reader is None:
+            reader = self._readers[(topic, partition)] = _PartitionReader(self, topic, partition)
+        return reader.view()
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """The log end offset: the offset the next message will get."""
+        return self.view(topic, partition).log_end
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """maxReadPosition: where READ_COMMITTED reads stop."""
+        return self.view(topic, partition).max_read_position
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        """The first offset retention has kept."""
+        return self.view(topic, partition).log_start
+
+    def offsets(self, topic: str, partition: int) -> dict:
+        """``{"log_start", "last_stable", "high_watermark", "source"}`` from
+        one view (``source``: readview, readview+scan or scan)."""
+        v = self.view(topic, partition)
+        return {"log_start": v.log_start, "last_stable": v.max_read_position,
+                "high_watermark": v.log_end, "source": v.source}
+
+    # -- reading ----------------------------------------------------------------
+
+    def read(self, topic: str, partition: int, start: int, end: int | None = None,
+             isolation: str = "read_committed"):
+        """Messages of one partition with offsets in [start, end), in offset
+        order, as :class:`txmq.Message` (key, value, headers, message_id,
+        event_time, publish_time, txn_id). ``end`` defaults to, and is
+        capped by, maxReadPosition under ``read_committed`` and the log end
+        under ``read_uncommitted``. Markers are never returned; batches of
+        aborted transactions only under ``read_uncommitted``. A ``start``
+        below the log start begins at the log start."""
+        return self.view(topic, partition).read(start, end, isolation)
+
+    def read_arrow(self, topic: str, partition: int, start: int, end: int | None = None,
+                   isolation: str = "read_committed", max_rows: int = 65536, include_headers: bool = False,
+                   timestamp_unit: str = "ms", gather_below: int = GATHER_BELOW):
+        """``pyarrow.RecordBatch``es of the messages :meth:`read` would
+        return, at most ``max_rows`` rows each, with the columns of Spark's
+        Kafka source (:data:`arrow_schema`).
+
+        An on-disk batch of ``gather_below`` rows or more becomes record
+        batches of its own whose key and value columns are views of the
+        mapped segment (no copy; the views keep the mapping alive after the
+        segment is deleted). Runs of smaller batches are copied together
+        (0: never). Offsets and timestamps are computed; headers are
+        decoded. ``timestamp_unit``: "ms", or "us" for Spark (whose Arrow
+        reader takes microsecond timestamps only)."""
+        return self.view(topic, partition).read_arrow(start, end, isolation, max_rows, include_headers,
+                                                      timestamp_unit, gather_below)
+
+    # -- subscriptions and transactions (inspection) ---------------------------------
+
+    def subscriptions(self, topic: str) -> list:
+        """Names of the subscriptions of ``topic``, sorted."""
+        root = os.path.join(self.path, "subscriptions", topic)
+        if not os.path.isdir(root):
+            return []
+        return sorted(n for n in os.listdir(root) if os.path.exists(os.path.join(root, n, "subscription.json")))
+
+    def subscription(self, topic: str, name: str, view_of=None) -> dict:
+        """A subscription's settings and, per partition, its cursor
+        (mark-delete, individually acknowledged offsets above it), the
+        transactions holding pending acks there, and its backlog: the
+        deliverable messages from mark-delete to the end its isolation
+        reads to that are not acknowledged. Replays the cursor and
+        pending-ack logs without truncating them. ``view_of(topic,
+        partition)`` gives the partition views (default :meth:`view`, a
+        fresh one each): a caller that already holds them passes its own."""
+        root = os.path.join(self.path, "subscriptions", topic, name)
+        with builtin_open(os.path.join(root, "subscription.json")) as f:
+            settings = json.load(f)
+        isolation = settings.get("isolation", "read_committed")
+        committed = isolation == "read_committed"
+        out = dict(settings, name=name, topic=topic, partitions={})
+        view_of = view_of or self.view
+        for p in self.partitions(topic):
+            view = view_of(topic, p)
+            cursor = _read_cursor(os.path.join(root, f"cursor-{p}.log"), view.log_start)
+            pending_path = os.path.join(root, f"pending-{p}.log")
+            pending = _read_redo(pending_path)
+            held = replay_pending(pending, pending_path) if pending is not None else {}
+            mark_delete = cursor.mark_delete if cursor is not None else None
+            entry = {"mark_delete": mark_delete, "pending_transactions": len(held)}
+            if cursor is not None:
+                limit = view.limit(isolation, None)
+                acked = sum(min(b, limit) - max(a, mark_delete) for a, b in cursor.acked.ranges()
+                            if b > mark_delete and a < limit)
+                entry["acked_above_mark_delete"] = acked
+                entry["backlog"] = _backlog(view, max(mark_delete, view.log_start), limit, committed,
+                                            cursor.acked)
+            out["partitions"][p] = entry
+        return out
+
+    def transactions(self) -> list:
+        """The transactions the coordinator logs hold unfinished (OPEN,
+        COMMITTING, ABORTING) as dicts: id, state, timeout_ms, started_ms,
+        partitions, subscriptions. Replays the logs without truncating."""
+        root = os.path.join(self.path, "coordinator")
+        names = {OPEN: "OPEN", COMMITTING: "COMMITTING", ABORTING: "ABORTING"}
+        out = []
+        if not os.path.isdir(root):
+            return out
+        for name in sorted(os.listdir(root)):
+            if not (name.startswith("tc-") and name.endswith(".log")):
+                continue
+            path = os.path.join(root, name)
+            frames = _read_redo(path)
+            if frames is None:
+                continue
+            _, txns, _ = replay_coordinator(frames, path)     # a bad frame: CorruptLogError at its byte
+            for (hi, lo), (state, timeout_ms, start_ms, parts, subs) in txns.items():
+                if state >= COMMITTED:
+                    continue
+                out.append({"id": str(TxnID.from_words(hi, lo)), "state": names[state],
+                            "timeout_ms": timeout_ms, "started_ms": start_ms,
+                            "partitions": sorted(f"{t}/{p}" for t, p in parts or ()),
+                            "subscriptions": sorted(f"{t}/{s}" for t, s in subs or ())})
+        return out
+
+    def close(self) -> None:
+        """Drop the views this object caches (mappings live on while Arrow
+        arrays or memoryviews still use them)."""
+        self._readers.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open(path, *, wait_s: float = 10.0) -> ReadOnlyDirectory:   # noqa: A001 - the module's verb
+    """Open the data directory at ``path`` read-only (no lock, no writes)."""
+    return ReadOnlyDirectory(path, wait_s=wait_s)
+
+
+def _check_isolation(isolation: str) -> None:
+    if isolation not in ISOLATIONS:
+        raise InvalidArgumentError("isolation", isolation, " | ".join(ISOLATIONS))
+
+
+def _backlog(view: PartitionView, start: int, limit: int, committed: bool, acked) -> int:
+    """The deliverable offsets in [start, limit) not in ``acked``
+    (``txmq.storage.delivery.backlog``, the rule the subscriptions count by)."""
+    return backlog((info for _, _, info in view.batches(start, limit)), start, limit, view.aborted, committed, acked)
+
+
+def _read_redo(path: str):
+    """Frames ``[(type, payload, position)]`` of a redo log from its last
+    SNAPSHOT on, up to its first torn or bad frame (``position``: the
+    frame's byte in the file); None when the file is missing
+    or its header is not written yet. A header that is not a redo log's is
+    refused, as the broker refuses it. Nothing is truncated."""
+    try:
+        with builtin_open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    if len(data) < len(FILE_HEADER):
+        return None
+    if data[:4] != FILE_HEADER[:4]:
+        raise CorruptLogError(path, 0, f"bad redo-log magic {data[:4].hex()}")
+    if data[4] != FILE_HEADER[4]:
+        raise CorruptLogError(path, 4, f"unknown redo-log version {data[4]}")
+    frames, _, _ = parse_frames(data)
+    last = max((i for i, fr in enumerate(frames) if fr[0] == SNAPSHOT), default=0)
+    return frames[last:]
+
+
+def _read_cursor(path: str, log_start: int):
+    """The mark-delete and acks (:class:`txmq.storage.cursor.CursorState`) a cursor
+    log replays to, as opening it replays them; None when it is missing."""
+    frames = _read_redo(path)
+    if frames is None:
+        return None
+    return replay_cursor(frames, log_start, path)      # a bad frame: CorruptLogError at its byte
+
+
+# -- Arrow ---------------------------------------------------------------------------
+
+def arrow_schema(include_headers: bool = False, timestamp_unit: str = "ms"):
+    """The columns of :meth:`ReadOnlyDirectory.read_arrow`, Spark's Kafka
+    source's: key binary, value binary, topic string, partition int32,
+    offset int64, timestamp (UTC), timestampType int32 (0: CreateTime, the
+    event time), and with ``include_headers`` headers list<struct<key
+    string, value binary>> (null for a message without headers)."""
+    import pyarrow as pa
+
+    fields = [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
+              ("partition", pa.int32()), ("offset", pa.int64()),
+              ("timestamp", pa.timestamp(timestamp_unit, tz="UTC")), ("timestampType", pa.int32())]
+    if include_headers:
+        fields.append(("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))))
+    return pa.schema(fields)
+
+
+def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool, max_rows: int,
+                   include_headers: bool, unit: str, gather_below: int):
+    """Record batches of at most ``max_rows`` rows. A batch of
+    ``gather_below`` rows or more is yielded on its own, its key and value
+    columns views of the mapping (Arrow's binary layout has one offsets
+    array per column, so a column over the mapping cannot span two
+    batches; a range that starts or ends inside one is a slice). Runs of
+    smaller batches (a topic fed by single sends) are copied together into
+    batches of up to ``max_rows`` rows: building a view costs some 40 us a
+    batch, and a consumer such as Spark pays a fixed cost per record batch
+    too. A batch is all one transaction, so filtering never splits one."""
+    import pyarrow as pa
+
+    schema = arrow_schema(include_headers, unit)
+    scale = 1000 if unit == "us" else 1
+    gathered = _Gathered()
+
+    def record_batch(keys, values, offsets, times, headers):
+        n = len(offsets)
+        columns = [keys, values, pa.repeat(view.topic, n), pa.array(np.full(n, view.partition, np.int32)),
+                   pa.array(offsets), pa.array(times * scale, schema.field("timestamp").type),
+                   pa.array(np.zeros(n, np.int32))]
+        if include_headers:
+            # A message without headers has an empty list, never NULL (Kafka's source).
+            columns.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
+                                    schema.field("headers").type))
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def flush():
+        keys, values, offsets, times, headers = gathered.take()
+        return record_batch(pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
+                            np.asarray(offsets, np.int64), np.asarray(times, np.int64), headers)
+
+    for seg, pos, info in view.batches(start, limit):
+        if view.skipped(info, committed):
+            continue
+        i0 = max(start, info.base_offset) - info.base_offset
+        i1 = min(info.count, limit - info.base_offset)
+        if i1 - i0 < gather_below:
+            for offset, key, value, headers, event_time in seg.messages(pos, info.base_offset + i0, i1 - i0):
+                gathered.add(offset, key, value, headers, event_time)
+                if len(gathered) >= max_rows:
+                    yield flush()
+            continue
+        if gathered:
+            yield flush()
+        keys, values, times = batch_arrays(seg.arrow_buffers(pos), info.first_event_time)
+        for a in range(i0, i1, max_rows):
+            n = min(i1 - a, max_rows)
+            headers = [m[3] for m in seg.messages(pos, info.base_offset + a, n)] if include_headers else None
+            yield record_batch(keys.slice(a, n), values.slice(a, n),
+                               np.arange(info.base_offset + a, info.base_offset + a + n, dtype=np.int64),
+                               times[a:a + n], headers)
+    if gathered:
+        yield flush()
+
+
+class _Gathered:
+    """Columns of small batches, copied together."""
+
+    def __init__(self):
+        self._empty()
+
+    def _empty(self):
+        self.keys, self.values, self.offsets, self.times, self.headers = [], [], [], [], []
+
+    def add(self, offset, key, value, headers, event_time):
+        self.offsets.append(offset)
+        self.keys.append(key)
+        self.values.append(value)
+        self.headers.append(headers)
+        self.times.append(event_time)
+
+    def take(self):
+        """(keys, values, offsets, times, headers), leaving it empty."""
+        out = self.keys, self.values, self.offsets, self.times, self.headers
+        self._empty()
+        return out
+
+    def __len__(self):
+        return len(self.offsets)
