@@ -423,7 +423,7 @@ def shrink_thresholds() -> None:
     txmq.transactions.coordinator.LIVE_FRAMES = 1
     txmq.storage.log.CHECKPOINT_BYTES = 8 * 1024
     txmq.storage.cursor.COMPACT_FRAMES = 6
-    txmq.dispatch.subscription.COMPACT_FRAMES = 6
+    txmq.dispatch.pending_acks.COMPACT_FRAMES = 6
     txmq.broker.broker.SNAPSHOT_INTERVAL = 0.03
 
 

@@ -264,7 +264,7 @@ class Broker:
             for hi, lo, _, _ in p.aborted.entries():
                 self._saw(TxnID.from_words(hi, lo))
         held = [(p, TxnID.from_words(hi, lo)) for p in partitions for hi, lo, _, _ in p.ongoing.entries()]
-        held += [(s, txn_id) for s in subs for txn_id in s.pending_txns()]
+        held += [(s.pending_acks, txn_id) for s in subs for txn_id in s.pending_acks.pending_txns()]
         for participant, txn_id in held:
             self._saw(txn_id)
             commit = outcomes[txn_id] = commits(txn_id.words)
@@ -594,7 +594,8 @@ class Broker:
             return False
         if isinstance(topic, str):
             return participant in t.partitions
-        return t.subscriptions.get(participant.name) is participant
+        sub = t.subscriptions.get(participant.name)
+        return sub is not None and sub.pending_acks is participant
 
     def _meta(self, txn_id):
         txn_id = TxnID.parse(txn_id)

@@ -111,8 +111,8 @@ class Consumer:
             partition = int(md[b"partition"])
             offsets = messages.column("offset").to_numpy()
             if txn is not None:
-                self._sub.ack_range_txn(meta_of(txn, self._broker), partition,
-                                        sorted(offsets.tolist()))
+                self._sub.pending_acks.ack_range_txn(meta_of(txn, self._broker), partition,
+                                                     sorted(offsets.tolist()))
                 return
             first, last = int(offsets[0]), int(offsets[-1])
             if last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all())):
@@ -121,7 +121,7 @@ class Consumer:
                 self._sub.ack([MessageId(self.topic, partition, int(o)) for o in offsets])
             return
         if txn is not None:
-            self._sub.ack_txn(meta_of(txn, self._broker), _ids(messages))
+            self._sub.pending_acks.ack_txn(meta_of(txn, self._broker), _ids(messages))
             return
         self._sub.ack(_ids(messages))
 
@@ -137,7 +137,7 @@ class Consumer:
         if len(ids) != 1:
             raise InvalidArgumentError("message", message, "one Message or MessageId")
         if txn is not None:
-            self._sub.ack_cumulative_txn(meta_of(txn, self._broker), ids[0])
+            self._sub.pending_acks.ack_cumulative_txn(meta_of(txn, self._broker), ids[0])
             return
         self._sub.ack_cumulative(ids[0])
 

@@ -8,8 +8,10 @@ the read buffer. Offsets at or past ``read_offset`` have not been read yet.
 Nothing else is needed to deliver each message to one consumer at a time.
 
 Acks made inside a transaction do not touch the cursor: they are held in the
-lane's pending-ack table and written to ``pending-<p>.log`` (frames in
-docs/FORMAT.md). A pending offset is in no dispatch state (never delivered
+lane's pending-ack table and written to ``pending-<p>.log`` by the
+subscription's pending-ack handle (:mod:`txmq.dispatch.pending_acks`, kept
+apart from dispatch as Pulsar keeps its pending-ack handle apart from the
+subscription). A pending offset is in no dispatch state (never delivered
 or redelivered) until its transaction ends: commit acknowledges it in the
 cursor, abort queues it for redelivery.
 """
@@ -20,7 +22,6 @@ import bisect
 import functools
 import heapq
 import os
-import struct
 import threading
 import time
 from collections import deque
@@ -29,10 +30,9 @@ import numpy as np
 
 from txmq._ackset import group_offsets
 from txmq._segment import SegmentClosedError
-from txmq._redolog import RedoLog
 from txmq.batcharrow import batch_arrays
-from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
-from txmq.storage.cursor import COMPACT_FRAMES, Cursor
+from txmq.dispatch.pending_acks import PendingAcks, open_pending_log
+from txmq.storage.cursor import Cursor
 from txmq.files import sync_dir, write_json
 from txmq.errors import (BrokerClosedError, NotAcknowledgeableError, SubscriptionBusyError,
                          SubscriptionTypeError, TransactionConflictError)
@@ -51,11 +51,11 @@ class _Lane:
                  "ranges", "redeliver", "redelivery_count", "deadlines", "pending", "pending_log",
                  "unsynced_commits")
 
-    def __init__(self, partition, cursor: Cursor, pending_log: RedoLog):
+    def __init__(self, partition, cursor: Cursor, pending, pending_log):
         self.partition = partition
         self.cursor = cursor
         self.redelivery_count: dict[int, int] = {}
-        self.pending = PendingAckTable()
+        self.pending = pending             # PendingAckTable and pending-<p>.log: see pending_acks
         self.pending_log = pending_log
         self.unsynced_commits: list = []   # committed txns whose COMMIT frame waits for a cursor sync
         self.rewind(cursor.mark_delete)
@@ -107,7 +107,6 @@ class Subscription:
         self.ack_timeout = ack_timeout
         self.nack_delay = nack_delay
         self.cond = threading.Condition(threading.Lock())
-        self.lock = self.cond       # the participant lock a transaction's end takes
         self.consumers: list = []
         self._next_consumer_id = 0
         self.closed = False
@@ -118,6 +117,7 @@ class Subscription:
                               "initial_position": initial_position,
                               "created_ms": time.time_ns() // 1_000_000})
         self.lanes: list[_Lane] = []
+        self.pending_acks = PendingAcks(self)   # the transaction participant for its acks
         for p in topic.partitions:
             self._add_lane(p)
         if broker.fsync != "never":
@@ -129,18 +129,9 @@ class Subscription:
         cursor = Cursor(os.path.join(self.path, f"cursor-{partition.index}.log"),
                         self.broker.fsync, initial, partition.start_offset)
         cursor.clamp(partition.end_offset)
-        pending_log = RedoLog(os.path.join(self.path, f"pending-{partition.index}.log"), self.broker.fsync)
-        lane = _Lane(partition, cursor, pending_log)
-        # A frame that does not parse: CorruptLogError at its bad byte.
-        held = replay_pending(pending_log.replay(positions=True), pending_log.path)
-        if pending_log.dropped is not None:
-            pos, reason, n = pending_log.dropped
-            cursor.problems.append(f"{pending_log.path} at byte {pos}: {reason}; {n} bytes cut")
-        for words, (offsets, cumulative) in held.items():
-            txn_id = TxnID.from_words(*words)
-            lane.pending.add(txn_id, offsets)
-            if cumulative >= 0:
-                lane.pending.add_cumulative(txn_id, cumulative)
+        pending, pending_log = open_pending_log(os.path.join(self.path, f"pending-{partition.index}.log"),
+                                                self.broker.fsync, cursor.problems)
+        lane = _Lane(partition, cursor, pending, pending_log)
         self.lanes.append(lane)
         partition.add_listener(self._on_append)
 
@@ -587,7 +578,7 @@ class Subscription:
                 self._queue_redelivery(lane, mid.offset, now + self.nack_delay if count else now, count)
             self.cond.notify_all()
 
-    # -- acknowledging in a transaction -----------------------------------------------
+    # -- acks held by transactions (pending_acks asks) ---------------------------------
 
     def _hold(self, lane: _Lane, offsets) -> None:
         """Take offsets now pending in a transaction out of every dispatch
@@ -596,135 +587,6 @@ class Subscription:
         missing = [off for off in offsets if pop(off, None) is None]
         if missing and lane.ranges:
             _cut_from_ranges(lane, sorted(missing))
-
-    def _refuse_conflict(self, meta, lane: _Lane, conflict) -> None:
-        """Raise TransactionConflictError for a conflict the pending-ack
-        table found, if any."""
-        if conflict is not None:
-            off, reason, other = conflict
-            raise TransactionConflictError(meta.id, MessageId(self.topic.name, lane.partition.index, off),
-                                           reason, other)
-
-    def ack_txn(self, meta, message_ids) -> int:
-        """Acknowledge ``message_ids`` inside transaction ``meta``: checked
-        against every conflict rule first (nothing changes on a conflict),
-        then written to the pending-ack logs. Return how many were new."""
-        return self._ack_txn_lanes(meta, self._lanes_of(message_ids))
-
-    def ack_range_txn(self, meta, partition: int, offsets: list) -> int:
-        """:meth:`ack_txn` of sorted offsets of one partition (Arrow batches)."""
-        lane = self._lane_of(MessageId(self.topic.name, partition, offsets[-1]))
-        self._lane_of(MessageId(self.topic.name, partition, offsets[0]))
-        return self._ack_txn_lanes(meta, [(lane, offsets)])
-
-    def _ack_txn_lanes(self, meta, checked: list) -> int:
-        if not checked:
-            return 0
-        self.broker._coordinator_of(meta).register_subscription(meta, self)
-        n = 0
-        with self.cond:
-            meta.check_open("acknowledge")
-            for lane, offsets in checked:
-                self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
-                    meta.id, offsets, lane.cursor.mark_delete, lane.cursor.acked))
-            for lane, offsets in checked:
-                new = lane.pending.add(meta.id, offsets)
-                if not new:
-                    continue
-                lane.pending_log.append(PA_ACK, pack_txn(*meta.words) + struct.pack("<I", len(new))
-                                        + np.asarray(new, "<i8").tobytes())
-                self._hold(lane, new)
-                n += len(new)
-        return n
-
-    def ack_cumulative_txn(self, meta, message_id) -> None:
-        """Cumulative ack inside transaction ``meta`` (exclusive / failover)."""
-        if self.type == "shared":
-            raise SubscriptionTypeError(self.name, self.type, "exclusive or failover (ack_cumulative)")
-        lane = self._lane_of(message_id)
-        self.broker._coordinator_of(meta).register_subscription(meta, self)
-        with self.cond:
-            meta.check_open("acknowledge")
-            self._refuse_conflict(meta, lane, lane.pending.conflict_cumulative(
-                meta.id, message_id.offset, lane.cursor.mark_delete))
-            lane.pending_log.append(PA_CUMULATIVE, pack_txn(*meta.words) + struct.pack("<q", message_id.offset))
-            lane.pending.add_cumulative(meta.id, message_id.offset)
-            self._hold(lane, [o for o in lane.outstanding if o <= message_id.offset])
-            if lane.ranges:
-                lane.ranges = [[max(s, message_id.offset + 1), e, cid] for s, e, cid in lane.ranges
-                               if e > message_id.offset + 1]
-
-    def pending_txns(self) -> set:
-        """TxnIDs with acks pending on any partition of this subscription."""
-        with self.cond:
-            return set().union(*(lane.pending.txns() for lane in self.lanes))
-
-    def prepare_txn(self, txn_id) -> None:
-        """Make the pending acks of ``txn_id`` durable (commit, step 1);
-        concurrent commits share each log's fdatasync."""
-        with self.cond:
-            logs = [(lane.pending_log, lane.pending_log.written) for lane in self.lanes
-                    if txn_id in lane.pending.txns()]
-        for plog, mark in logs:
-            plog.sync_to(mark)
-
-    def end_txn(self, txn_id, commit: bool) -> None:
-        """Apply (commit) or drop (abort) the acks ``txn_id`` holds here. On
-        abort the messages become deliverable again with redelivery count
-        + 1. Ending twice changes nothing."""
-        now = time.monotonic()
-        frame = pack_txn(*txn_id.words)
-        with self.cond:
-            for lane in self.lanes:
-                # Taken out only once applied: a failure leaves them for the retry.
-                offsets, cumulative = lane.pending.peek(txn_id)
-                if not offsets and cumulative < 0:
-                    continue
-                if commit:
-                    # Cursor frames stay in the page cache, and the COMMIT
-                    # frame waits until they are synced (flush): until
-                    # then the pending-ack log and the coordinator's decision
-                    # can redo this.
-                    self._apply_acks(lane, offsets, cumulative, sync=False)
-                    lane.pending.take(txn_id)
-                else:
-                    lane.pending.take(txn_id)
-                    again = set(offsets)
-                    if cumulative >= 0:
-                        again.update(range(lane.cursor.mark_delete, cumulative + 1))
-                    # Offsets still waiting in the read buffer go out from there.
-                    read_up_to = (lane.buffer[lane.buf_i].offset if lane.buf_i < len(lane.buffer)
-                                  else lane.read_offset)
-                    for off in sorted(again):
-                        if (off < read_up_to and not lane.settled(off)
-                                and off not in lane.outstanding):
-                            self._queue_redelivery(lane, off, now)
-                if commit:
-                    lane.unsynced_commits.append(frame)
-                else:
-                    lane.pending_log.append(PA_ABORT, frame)
-                if lane.pending_log.frames_since_snapshot >= COMPACT_FRAMES:
-                    self._sync_commits(lane)
-                    lane.pending_log.compact(lane.pending.to_bytes())
-            self.cond.notify_all()
-
-    def flush(self) -> None:
-        """Make the cursor frames of committed transactions durable, then
-        log their COMMIT frames. The coordinator calls this before its log
-        forgets their decisions."""
-        with self.cond:
-            if self.closed:
-                raise BrokerClosedError(f"subscription {self.name!r} is closed")
-            for lane in self.lanes:
-                self._sync_commits(lane)
-
-    def _sync_commits(self, lane: _Lane) -> None:
-        if not lane.unsynced_commits:
-            return
-        if not lane.cursor.log.closed:
-            lane.cursor.log.sync()
-        lane.pending_log.append_many([(PA_COMMIT, f) for f in lane.unsynced_commits])
-        lane.unsynced_commits = []
 
     # -- seeking -----------------------------------------------------------------
 
@@ -790,7 +652,7 @@ class Subscription:
             self.cond.notify_all()
             for lane in self.lanes:
                 lane.partition.remove_listener(self._on_append)
-                self._sync_commits(lane)
+                self.pending_acks.sync_commits(lane)
                 lane.cursor.close()
                 lane.pending_log.close()
 

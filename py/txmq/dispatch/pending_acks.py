@@ -1,0 +1,199 @@
+"""A subscription's pending acks: acks made inside a transaction, kept apart
+from the subscription's dispatch as Pulsar keeps its pending-ack handle
+apart from the subscription.
+
+Per partition, the acks an open transaction holds are in the lane's
+:class:`~txmq._txn.PendingAckTable` and framed in ``pending-<p>.log``
+(frames in docs/FORMAT.md): ACK and CUMULATIVE when made, COMMIT (after the
+cursor frames it applied are synced) and ABORT when the transaction ends.
+Opening replays the log into the table (:func:`open_pending_log`).
+
+:class:`PendingAcks` is the transaction participant for a subscription's
+acks: the coordinator registers it, prepares it (the log synced), ends it
+(commit: the acks go to the cursor; abort: the messages are redelivered)
+and flushes it. The dispatch state it changes (outstanding deliveries,
+redelivery) belongs to :mod:`txmq.dispatch.subscription`, which it asks.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import numpy as np
+
+from txmq._redolog import RedoLog
+from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
+from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
+from txmq.message import MessageId
+from txmq.storage.cursor import COMPACT_FRAMES
+from txmq.transactions.records import TxnID
+
+
+def open_pending_log(path: str, fsync: str, problems: list):
+    """The pending-ack table and log of one partition, replayed from
+    ``path``; a cut tail is reported in ``problems`` (the cursor's). A frame
+    that does not parse: CorruptLogError at its bad byte."""
+    log = RedoLog(path, fsync)
+    table = PendingAckTable()
+    held = replay_pending(log.replay(positions=True), log.path)
+    if log.dropped is not None:
+        pos, reason, n = log.dropped
+        problems.append(f"{log.path} at byte {pos}: {reason}; {n} bytes cut")
+    for words, (offsets, cumulative) in held.items():
+        txn_id = TxnID.from_words(*words)
+        table.add(txn_id, offsets)
+        if cumulative >= 0:
+            table.add_cumulative(txn_id, cumulative)
+    return table, log
+
+
+class PendingAcks:
+    """The pending-ack handle of one subscription: the transaction
+    participant for the acks made in it inside transactions."""
+
+    def __init__(self, subscription):
+        self.subscription = subscription
+        self.topic = subscription.topic      # (the coordinator logs the participant by topic and name)
+        self.name = subscription.name
+        self.lock = subscription.cond        # the participant lock a transaction's end takes
+
+    def __repr__(self) -> str:
+        return repr(self.subscription)
+
+    def _refuse_conflict(self, meta, lane, conflict) -> None:
+        """Raise TransactionConflictError for a conflict the pending-ack
+        table found, if any."""
+        if conflict is not None:
+            off, reason, other = conflict
+            raise TransactionConflictError(meta.id, MessageId(self.topic.name, lane.partition.index, off),
+                                           reason, other)
+
+    def ack_txn(self, meta, message_ids) -> int:
+        """Acknowledge ``message_ids`` inside transaction ``meta``: checked
+        against every conflict rule first (nothing changes on a conflict),
+        then written to the pending-ack logs. Return how many were new."""
+        sub = self.subscription
+        return self._ack_txn_lanes(meta, sub._lanes_of(message_ids))
+
+    def ack_range_txn(self, meta, partition: int, offsets: list) -> int:
+        """:meth:`ack_txn` of sorted offsets of one partition (Arrow batches)."""
+        sub = self.subscription
+        lane = sub._lane_of(MessageId(self.topic.name, partition, offsets[-1]))
+        sub._lane_of(MessageId(self.topic.name, partition, offsets[0]))
+        return self._ack_txn_lanes(meta, [(lane, offsets)])
+
+    def _ack_txn_lanes(self, meta, checked: list) -> int:
+        sub = self.subscription
+        if not checked:
+            return 0
+        sub.broker._coordinator_of(meta).register_subscription(meta, self)
+        n = 0
+        with sub.cond:
+            meta.check_open("acknowledge")
+            for lane, offsets in checked:
+                self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
+                    meta.id, offsets, lane.cursor.mark_delete, lane.cursor.acked))
+            for lane, offsets in checked:
+                new = lane.pending.add(meta.id, offsets)
+                if not new:
+                    continue
+                lane.pending_log.append(PA_ACK, pack_txn(*meta.words) + struct.pack("<I", len(new))
+                                        + np.asarray(new, "<i8").tobytes())
+                sub._hold(lane, new)
+                n += len(new)
+        return n
+
+    def ack_cumulative_txn(self, meta, message_id) -> None:
+        """Cumulative ack inside transaction ``meta`` (exclusive / failover)."""
+        sub = self.subscription
+        if sub.type == "shared":
+            raise SubscriptionTypeError(sub.name, sub.type, "exclusive or failover (ack_cumulative)")
+        lane = sub._lane_of(message_id)
+        sub.broker._coordinator_of(meta).register_subscription(meta, self)
+        with sub.cond:
+            meta.check_open("acknowledge")
+            self._refuse_conflict(meta, lane, lane.pending.conflict_cumulative(
+                meta.id, message_id.offset, lane.cursor.mark_delete))
+            lane.pending_log.append(PA_CUMULATIVE, pack_txn(*meta.words) + struct.pack("<q", message_id.offset))
+            lane.pending.add_cumulative(meta.id, message_id.offset)
+            sub._hold(lane, [o for o in lane.outstanding if o <= message_id.offset])
+            if lane.ranges:
+                lane.ranges = [[max(s, message_id.offset + 1), e, cid] for s, e, cid in lane.ranges
+                               if e > message_id.offset + 1]
+
+    def pending_txns(self) -> set:
+        """TxnIDs with acks pending on any partition of this subscription."""
+        sub = self.subscription
+        with sub.cond:
+            return set().union(*(lane.pending.txns() for lane in sub.lanes))
+
+    def prepare_txn(self, txn_id) -> None:
+        """Make the pending acks of ``txn_id`` durable (commit, step 1);
+        concurrent commits share each log's fdatasync."""
+        sub = self.subscription
+        with sub.cond:
+            logs = [(lane.pending_log, lane.pending_log.written) for lane in sub.lanes
+                    if txn_id in lane.pending.txns()]
+        for plog, mark in logs:
+            plog.sync_to(mark)
+
+    def end_txn(self, txn_id, commit: bool) -> None:
+        """Apply (commit) or drop (abort) the acks ``txn_id`` holds here. On
+        abort the messages become deliverable again with redelivery count
+        + 1. Ending twice changes nothing."""
+        sub = self.subscription
+        now = time.monotonic()
+        frame = pack_txn(*txn_id.words)
+        with sub.cond:
+            for lane in sub.lanes:
+                # Taken out only once applied: a failure leaves them for the retry.
+                offsets, cumulative = lane.pending.peek(txn_id)
+                if not offsets and cumulative < 0:
+                    continue
+                if commit:
+                    # Cursor frames stay in the page cache, and the COMMIT
+                    # frame waits until they are synced (flush): until
+                    # then the pending-ack log and the coordinator's decision
+                    # can redo this.
+                    sub._apply_acks(lane, offsets, cumulative, sync=False)
+                    lane.pending.take(txn_id)
+                else:
+                    lane.pending.take(txn_id)
+                    again = set(offsets)
+                    if cumulative >= 0:
+                        again.update(range(lane.cursor.mark_delete, cumulative + 1))
+                    # Offsets still waiting in the read buffer go out from there.
+                    read_up_to = (lane.buffer[lane.buf_i].offset if lane.buf_i < len(lane.buffer)
+                                  else lane.read_offset)
+                    for off in sorted(again):
+                        if (off < read_up_to and not lane.settled(off)
+                                and off not in lane.outstanding):
+                            sub._queue_redelivery(lane, off, now)
+                if commit:
+                    lane.unsynced_commits.append(frame)
+                else:
+                    lane.pending_log.append(PA_ABORT, frame)
+                if lane.pending_log.frames_since_snapshot >= COMPACT_FRAMES:
+                    self.sync_commits(lane)
+                    lane.pending_log.compact(lane.pending.to_bytes())
+            sub.cond.notify_all()
+
+    def flush(self) -> None:
+        """Make the cursor frames of committed transactions durable, then
+        log their COMMIT frames. The coordinator calls this before its log
+        forgets their decisions."""
+        sub = self.subscription
+        with sub.cond:
+            if sub.closed:
+                raise BrokerClosedError(f"subscription {self.name!r} is closed")
+            for lane in sub.lanes:
+                self.sync_commits(lane)
+
+    def sync_commits(self, lane) -> None:
+        if not lane.unsynced_commits:
+            return
+        if not lane.cursor.log.closed:
+            lane.cursor.log.sync()
+        lane.pending_log.append_many([(PA_COMMIT, f) for f in lane.unsynced_commits])
+        lane.unsynced_commits = []
