@@ -85,8 +85,8 @@ def _verify(data: str, fsync: str, tried: set, sent: dict) -> dict:
         c = broker.subscribe(TOPIC, "check", isolation="read_uncommitted", initial_position="earliest")
         visible = [(k_of(m.value), m.message_id) for m in drain(c)]
         dead = []
-        if txmq.half.CHECK_MAX_TOPIC in broker.topics():
-            d = broker.subscribe(txmq.half.CHECK_MAX_TOPIC, "check", initial_position="earliest")
+        if txmq.storage.half_messages.CHECK_MAX_TOPIC in broker.topics():
+            d = broker.subscribe(txmq.storage.half_messages.CHECK_MAX_TOPIC, "check", initial_position="earliest")
             dead = [k_of(m.value) for m in drain(d)]
         hp.close()
     ks = [k for k, _ in visible]

@@ -1,5 +1,5 @@
 """``txmq.control``: the owner's control socket, ``<data>/control.sock``
-(docs/API.md, DESIGN.md §8). The public names of two modules
+(docs/API.md). The public names of two modules
 (docs/ARCHITECTURE.md); nothing else lives here:
 
 - :func:`request` (:mod:`txmq.requester.control_client`): run one request

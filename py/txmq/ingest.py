@@ -1,5 +1,5 @@
 """``txmq.ingest``: staged ingest, other processes appending to a data
-directory as one atomic step (docs/API.md, DESIGN.md §8). The public names
+directory as one atomic step (docs/API.md). The public names
 of three modules (docs/ARCHITECTURE.md); nothing else lives here:
 
 - :mod:`txmq.requester.staged_ingest`: the requester's side,

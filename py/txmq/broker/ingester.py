@@ -1,4 +1,4 @@
-"""Staged ingest, the owner's side (DESIGN.md §8): the broker appends the
+"""Staged ingest, the owner's side: the broker appends the
 listed staged attempts of a job as one transaction, once per sink batch
 id, and deletes the job's staging. The requester's side is
 :mod:`txmq.requester.staged_ingest`; the staging directory,

@@ -111,7 +111,7 @@ class TransactionalProducer:
         for partition, offset in sorted(offsets.items()):
             if offset <= sub.mark_delete(_lane_index(sub, partition)):
                 continue
-            sub.ack_cumulative_txn(meta, MessageId(sub.topic.name, partition, offset - 1))
+            sub.pending_acks.ack_cumulative_txn(meta, MessageId(sub.topic.name, partition, offset - 1))
 
     def _fence(self) -> None:
         """A newer instance is being opened: refuse everything from now on,

@@ -1,4 +1,4 @@
-"""The requester's side of the owner's control socket (DESIGN.md §8, the
+"""The requester's side of the owner's control socket (the
 protocol in :mod:`txmq.broker.control_socket`): :func:`request` asks the
 process that owns a data directory, or — when no process owns it — takes
 the lock, does the work itself with a :class:`~txmq.broker.broker.Broker`

@@ -12,7 +12,14 @@
 - ``delivery``: what a read_committed or read_uncommitted reader may see
   at a position (subscriptions and the read-only view);
 - ``partition``: the writer's :class:`~txmq.storage.partition.Partition`,
-  a log with its transaction buffer and producer state under one lock.
+  a log with its transaction buffer and producer state under one lock;
+- ``topic``: a topic's partitions and ``topic.json``;
+- ``cursor``: a subscription's cursor log (mark-delete and acks);
+- ``datadir``: the data directory, its marker file and its lock;
+- ``half_messages``: the half-message store (half log, state table, redo
+  log, check-back);
+- ``staging``: the staging directory of staged ingest.
 
-Nothing here imports the broker, subscriptions or clients.
+Nothing here imports the broker, dispatch, the clients or the requester;
+from ``txmq.transactions`` only the ids and records (docs/ARCHITECTURE.md).
 """

@@ -1,4 +1,4 @@
-"""The staging directory (DESIGN.md §8, docs/FORMAT.md "Staged ingest"):
+"""The staging directory (docs/FORMAT.md, "Staged ingest"):
 ``<data>/staging/<job>/<attempt>/<topic>/<partition>-<n>.seg``, written by
 a requester (:mod:`txmq.requester.staged_ingest`), read and checked by the
 owner (:mod:`txmq.broker.ingester`). Its names, the checks of a staged
