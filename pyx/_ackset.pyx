@@ -16,13 +16,30 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.long cimport PyLong_CheckExact
 
+import os
+
 import numpy as np
 
 from _bytes cimport load_i64, store_u32, store_i64
 from txmq._reader cimport Reader
 
 
+# With TXMQ_DEBUG=1 in the environment at import (the test suite sets it),
+# every change re-checks the set's invariant and raises AssertionError on a
+# broken one; otherwise the cost is one C flag test per change.
+cdef bint DEBUG = os.environ.get("TXMQ_DEBUG") == "1"
+# Tables up to this size are checked after every change.
+cdef Py_ssize_t DEBUG_SMALL = 1024
+
+
+def set_debug(bint on):
+    """Turn the invariant checks of this module on or off (tests)."""
+    global DEBUG
+    DEBUG = on
+
+
 cdef class AckSet:
+    cdef Py_ssize_t debug_changes, debug_next     # changes seen by the debug checks; the next checked
     cdef object _starts, _ends          # np.int64 arrays (capacity)
     cdef int64_t *s
     cdef int64_t *e
@@ -107,6 +124,8 @@ cdef class AckSet:
             memmove(self.s + i + 1, self.s + j, (self.n - j) * 8)
             memmove(self.e + i + 1, self.e + j, (self.n - j) * 8)
             self.n -= j - i - 1
+        if DEBUG:
+            self._debug_changed()
         return (end - start) - covered
 
     def remove(self, int64_t offset):
@@ -131,6 +150,8 @@ cdef class AckSet:
             self.e[i + 1] = self.e[i]
             self.e[i] = offset
             self.n += 1
+        if DEBUG:
+            self._debug_changed()
         return True
 
     def first_unacked(self, int64_t from_offset):
@@ -160,6 +181,32 @@ cdef class AckSet:
             self.n -= k
         if self.n and self.s[0] < offset:
             self.s[0] = offset
+        if DEBUG:
+            self._debug_changed()
+
+
+    cdef _debug_changed(self):
+        """After a change (TXMQ_DEBUG): the full check, after every change
+        while the table holds up to DEBUG_SMALL entries, and after every
+        n / 64-th change of a larger table of n entries, so a check's O(n)
+        costs O(64) amortised per change."""
+        cdef Py_ssize_t n = self.n
+        self.debug_changes += 1
+        if self.debug_changes >= self.debug_next:
+            self.check_invariants()
+            self.debug_next = self.debug_changes + 1 + (0 if n <= DEBUG_SMALL else n // 64)
+    def check_invariants(self):
+        """Raise AssertionError unless the ranges are non-empty, sorted,
+        disjoint and non-adjacent, within the arrays' capacity."""
+        cdef Py_ssize_t k
+        if not 0 <= self.n <= self.cap:
+            raise AssertionError(f"AckSet: {self.n} ranges in a capacity of {self.cap}")
+        for k in range(self.n):
+            if self.s[k] >= self.e[k]:
+                raise AssertionError(f"AckSet: range {k} [{self.s[k]}, {self.e[k]}) is empty")
+            if k and self.e[k - 1] >= self.s[k]:
+                raise AssertionError(f"AckSet: ranges {k - 1} [{self.s[k - 1]}, {self.e[k - 1]}) and {k} "
+                                     f"[{self.s[k]}, {self.e[k]}) overlap or touch")
 
     def count(self):
         """How many offsets the set holds."""

@@ -25,6 +25,8 @@ from libc.stdint cimport int16_t, int64_t, uint64_t, uint8_t, uint32_t, uint16_t
 from libc.string cimport memmove
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 
+import os
+
 import numpy as np
 
 from txmq._ackset import AckSet, add_many
@@ -60,11 +62,27 @@ def txn_parts(uint64_t hi, uint64_t lo):
     return int(hi >> 48), (int(hi & SEQ_HI_MASK) << 64) | int(lo)
 
 
+# With TXMQ_DEBUG=1 in the environment at import (the test suite sets it),
+# every change to an OngoingQueue, AbortSet or PendingAckTable re-checks its
+# invariants and raises AssertionError on a broken one; otherwise the cost
+# is one C flag test per change.
+cdef bint DEBUG = os.environ.get("TXMQ_DEBUG") == "1"
+# Tables up to this size are checked after every change.
+cdef Py_ssize_t DEBUG_SMALL = 1024
+
+
+def set_debug(bint on):
+    """Turn the invariant checks of this module on or off (tests)."""
+    global DEBUG
+    DEBUG = on
+
+
 # -- the ongoing-transaction FIFO ------------------------------------------------
 
 cdef class OngoingQueue:
     """Open transactions of one partition, oldest first offset first."""
 
+    cdef Py_ssize_t debug_changes, debug_next     # changes seen by the debug checks; the next checked
     cdef object _hi, _lo, _first, _since, _alive     # numpy columns (capacity)
     cdef uint64_t *hi
     cdef uint64_t *lo
@@ -127,6 +145,8 @@ cdef class OngoingQueue:
         self.hi[i], self.lo[i], self.first[i], self.since[i], self.alive[i] = hi, lo, first_offset, since_ms, 1
         self.tail += 1
         self.slot[key] = self.origin + i
+        if DEBUG:
+            self._debug_changed()
         return True
 
     def remove(self, uint64_t hi, uint64_t lo):
@@ -145,7 +165,47 @@ cdef class OngoingQueue:
             self.origin = pos + 1
         elif self.tail - self.head > 1024 and 2 * len(self.slot) < self.tail - self.head:
             self._compact()
+        if DEBUG:
+            self._debug_changed()
         return first
+
+
+    cdef _debug_changed(self):
+        """After a change (TXMQ_DEBUG): the full check, after every change
+        while the table holds up to DEBUG_SMALL entries, and after every
+        n / 64-th change of a larger table of n entries, so a check's O(n)
+        costs O(64) amortised per change."""
+        cdef Py_ssize_t n = self.tail - self.head
+        self.debug_changes += 1
+        if self.debug_changes >= self.debug_next:
+            self.check_invariants()
+            self.debug_next = self.debug_changes + 1 + (0 if n <= DEBUG_SMALL else n // 64)
+    def check_invariants(self):
+        """Raise AssertionError unless: every open transaction has one live
+        slot and every live slot one transaction; first offsets never go
+        down from head to tail; the head is live (so maxReadPosition is an
+        open transaction's first offset) or the queue is empty; nothing
+        outside [head, tail) is live."""
+        cdef Py_ssize_t i, live = 0
+        cdef int64_t last = -(1 << 62)
+        if not 0 <= self.head <= self.tail <= self.cap:
+            raise AssertionError(f"OngoingQueue: head {self.head}, tail {self.tail}, capacity {self.cap}")
+        if self.head < self.tail and not self.alive[self.head]:
+            raise AssertionError(f"OngoingQueue: the head entry {self.head} has ended")
+        for i in range(self.cap):
+            if self.alive[i] and not self.head <= i < self.tail:
+                raise AssertionError(f"OngoingQueue: entry {i} is live outside [{self.head}, {self.tail})")
+        for i in range(self.head, self.tail):
+            if self.first[i] < last:
+                raise AssertionError(f"OngoingQueue: first offset {self.first[i]} at {i} is below {last}")
+            last = self.first[i]
+            if self.alive[i]:
+                live += 1
+                if self.slot.get((self.hi[i], self.lo[i])) != self.origin + i:
+                    raise AssertionError(f"OngoingQueue: live entry {i} ({self.hi[i]}, {self.lo[i]}) has slot "
+                                         f"{self.slot.get((self.hi[i], self.lo[i]))}, not {self.origin + i}")
+        if live != len(self.slot):
+            raise AssertionError(f"OngoingQueue: {live} live entries for {len(self.slot)} open transactions")
 
     cdef _compact(self):
         """Drop the ended entries behind an old open one (more than half of
@@ -306,6 +366,7 @@ cdef class AbortSet:
     log start (none of their data is left), and :meth:`overlapping` answers
     Kafka's aborted-transactions question for an offset range.
     """
+    cdef Py_ssize_t debug_changes, debug_next     # changes seen by the debug checks; the next checked
     cdef dict maps                 # coordinator -> _Bitmap
     cdef list order                # [(marker offset, first offset, hi, lo)], marker order
     cdef Py_ssize_t start          # entries before it are trimmed
@@ -336,6 +397,8 @@ cdef class AbortSet:
         bm.add(lo)
         self.order.append((marker_offset, first_offset, hi, lo))
         self.version += 1
+        if DEBUG:
+            self._debug_changed()
 
     def contains(self, uint64_t hi, uint64_t lo):
         if hi & SEQ_HI_MASK:
@@ -378,7 +441,46 @@ cdef class AbortSet:
             self.start = 0
         if k:
             self.version += 1
+        if DEBUG:
+            self._debug_changed()
         return k
+
+
+    cdef _debug_changed(self):
+        """After a change (TXMQ_DEBUG): the full check, after every change
+        while the table holds up to DEBUG_SMALL entries, and after every
+        n / 64-th change of a larger table of n entries, so a check's O(n)
+        costs O(64) amortised per change."""
+        cdef Py_ssize_t n = len(self.order) - self.start
+        self.debug_changes += 1
+        if self.debug_changes >= self.debug_next:
+            self.check_invariants()
+            self.debug_next = self.debug_changes + 1 + (0 if n <= DEBUG_SMALL else n // 64)
+    def check_invariants(self):
+        """Raise AssertionError unless every retained entry is in its
+        coordinator's bitmap and the bitmaps hold nothing else, each
+        transaction's data ends at or before its marker, and the entries
+        are in marker order."""
+        cdef _Bitmap bm
+        cdef Py_ssize_t k, bits = 0
+        cdef int64_t last = -(1 << 62)
+        for tc, bm in self.maps.items():
+            bits += bm.count
+            if bm.count != int(np.unpackbits(bm._words.view(np.uint8)).sum()):
+                raise AssertionError(f"AbortSet: coordinator {tc}'s bitmap counts {bm.count} bits, holds "
+                                     f"{int(np.unpackbits(bm._words.view(np.uint8)).sum())}")
+        if bits != len(self.order) - self.start:
+            raise AssertionError(f"AbortSet: {bits} bits for {len(self.order) - self.start} entries")
+        for k in range(self.start, len(self.order)):
+            m, f, hi, lo = self.order[k]
+            if m < last:
+                raise AssertionError(f"AbortSet: marker {m} of entry {k} is below the one before ({last})")
+            last = m
+            if f > m:
+                raise AssertionError(f"AbortSet: entry {k} starts at {f}, after its marker {m}")
+            bm = self._map(hi, False)
+            if bm is None or not bm.has(lo):
+                raise AssertionError(f"AbortSet: entry {k} ({hi}, {lo}) is not in its bitmap")
 
     def overlapping(self, int64_t from_offset, int64_t to_offset):
         """[(hi, lo, first offset, marker offset)] of aborted transactions
@@ -421,6 +523,7 @@ cdef class PendingAckTable:
     change nothing; the caller then records with :meth:`add` /
     :meth:`add_cumulative` after the ack is in the pending-ack log.
     """
+    cdef Py_ssize_t debug_changes, debug_next     # changes seen by the debug checks; the next checked
     cdef dict owner          # offset -> txn (individual acks)
     cdef dict indiv          # txn -> list of offsets
     cdef dict cumulative     # txn -> offset (everything at or below it)
@@ -542,11 +645,15 @@ cdef class PendingAckTable:
             add_many(self.held, np.asarray(new, np.int64))
         elif not mine:
             del self.indiv[txn]
+        if DEBUG:
+            self._debug_changed()
         return new
 
     def add_cumulative(self, txn, int64_t offset):
         if offset > self.cumulative.get(txn, -1):
             self.cumulative[txn] = offset
+        if DEBUG:
+            self._debug_changed()
 
     def peek(self, txn):
         """(individual offsets, cumulative offset or -1) of ``txn``, kept."""
@@ -560,7 +667,46 @@ cdef class PendingAckTable:
             del self.owner[o]
             remove(o)
         self.low.pop(txn, None)
-        return offs, self.cumulative.pop(txn, -1)
+        result = (offs, self.cumulative.pop(txn, -1))
+        if DEBUG:
+            self._debug_changed()
+        return result
+
+
+    cdef _debug_changed(self):
+        """After a change (TXMQ_DEBUG): the full check, after every change
+        while the table holds up to DEBUG_SMALL entries, and after every
+        n / 64-th change of a larger table of n entries, so a check's O(n)
+        costs O(64) amortised per change."""
+        cdef Py_ssize_t n = len(self.owner) + len(self.cumulative)
+        self.debug_changes += 1
+        if self.debug_changes >= self.debug_next:
+            self.check_invariants()
+            self.debug_next = self.debug_changes + 1 + (0 if n <= DEBUG_SMALL else n // 64)
+    def check_invariants(self):
+        """Raise AssertionError unless each individually held offset has
+        one owner, listed once in its transaction's offsets; the held ack
+        set is exactly those offsets; each transaction's lowest offset is
+        recorded; no transaction keeps an empty list."""
+        cdef Py_ssize_t total = 0
+        for t, offs in self.indiv.items():
+            if not offs:
+                raise AssertionError(f"PendingAckTable: {t} keeps an empty list of offsets")
+            if len(set(offs)) != len(offs):
+                raise AssertionError(f"PendingAckTable: {t} lists an offset twice")
+            for o in offs:
+                if self.owner.get(o) != t:
+                    raise AssertionError(f"PendingAckTable: offset {o} of {t} is owned by {self.owner.get(o)}")
+            if self.low.get(t) != min(offs):
+                raise AssertionError(f"PendingAckTable: {t}'s lowest offset is {min(offs)}, "
+                                     f"recorded {self.low.get(t)}")
+            total += len(offs)
+        if total != len(self.owner):
+            raise AssertionError(f"PendingAckTable: {len(self.owner)} owned offsets, {total} listed")
+        if set(self.low) != set(self.indiv):
+            raise AssertionError("PendingAckTable: lowest offsets recorded for other transactions than hold any")
+        if self.held.count() != total or any(not self.held.contains(o) for o in self.owner):
+            raise AssertionError(f"PendingAckTable: the held set has {self.held.count()} offsets, {total} held")
 
     def to_bytes(self):
         """u32 txn count, then per txn: u64 hi, u64 lo, i64 cumulative (-1:
