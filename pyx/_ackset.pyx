@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from _debug cimport check_due
 from _bytes cimport load_i64, store_u32, store_i64
 from txmq._reader cimport Reader
 
@@ -28,8 +29,6 @@ from txmq._reader cimport Reader
 # every change re-checks the set's invariant and raises AssertionError on a
 # broken one; otherwise the cost is one C flag test per change.
 cdef bint DEBUG = os.environ.get("TXMQ_DEBUG") == "1"
-# Tables up to this size are checked after every change.
-cdef Py_ssize_t DEBUG_SMALL = 1024
 
 
 def set_debug(bint on):
@@ -186,15 +185,10 @@ cdef class AckSet:
 
 
     cdef _debug_changed(self):
-        """After a change (TXMQ_DEBUG): the full check, after every change
-        while the table holds up to DEBUG_SMALL entries, and after every
-        n / 64-th change of a larger table of n entries, so a check's O(n)
-        costs O(64) amortised per change."""
-        cdef Py_ssize_t n = self.n
-        self.debug_changes += 1
-        if self.debug_changes >= self.debug_next:
+        """After a change (TXMQ_DEBUG): the full check when it is due (_debug.pxd)."""
+        if check_due(&self.debug_changes, &self.debug_next, self.n):
             self.check_invariants()
-            self.debug_next = self.debug_changes + 1 + (0 if n <= DEBUG_SMALL else n // 64)
+
     def check_invariants(self):
         """Raise AssertionError unless the ranges are non-empty, sorted,
         disjoint and non-adjacent, within the arrays' capacity."""

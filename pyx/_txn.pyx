@@ -31,6 +31,7 @@ import numpy as np
 
 from txmq._ackset import AckSet, add_many
 
+from _debug cimport check_due
 from _bytes cimport load_i64, load_u64, store_u32, store_i64, store_u64
 from _redo_layout cimport payload_position
 from txmq._reader cimport Reader
@@ -67,8 +68,6 @@ def txn_parts(uint64_t hi, uint64_t lo):
 # invariants and raises AssertionError on a broken one; otherwise the cost
 # is one C flag test per change.
 cdef bint DEBUG = os.environ.get("TXMQ_DEBUG") == "1"
-# Tables up to this size are checked after every change.
-cdef Py_ssize_t DEBUG_SMALL = 1024
 
 
 def set_debug(bint on):
@@ -171,15 +170,10 @@ cdef class OngoingQueue:
 
 
     cdef _debug_changed(self):
-        """After a change (TXMQ_DEBUG): the full check, after every change
-        while the table holds up to DEBUG_SMALL entries, and after every
-        n / 64-th change of a larger table of n entries, so a check's O(n)
-        costs O(64) amortised per change."""
-        cdef Py_ssize_t n = self.tail - self.head
-        self.debug_changes += 1
-        if self.debug_changes >= self.debug_next:
+        """After a change (TXMQ_DEBUG): the full check when it is due (_debug.pxd)."""
+        if check_due(&self.debug_changes, &self.debug_next, self.tail - self.head):
             self.check_invariants()
-            self.debug_next = self.debug_changes + 1 + (0 if n <= DEBUG_SMALL else n // 64)
+
     def check_invariants(self):
         """Raise AssertionError unless: every open transaction has one live
         slot and every live slot one transaction; first offsets never go
@@ -447,15 +441,10 @@ cdef class AbortSet:
 
 
     cdef _debug_changed(self):
-        """After a change (TXMQ_DEBUG): the full check, after every change
-        while the table holds up to DEBUG_SMALL entries, and after every
-        n / 64-th change of a larger table of n entries, so a check's O(n)
-        costs O(64) amortised per change."""
-        cdef Py_ssize_t n = len(self.order) - self.start
-        self.debug_changes += 1
-        if self.debug_changes >= self.debug_next:
+        """After a change (TXMQ_DEBUG): the full check when it is due (_debug.pxd)."""
+        if check_due(&self.debug_changes, &self.debug_next, len(self.order) - self.start):
             self.check_invariants()
-            self.debug_next = self.debug_changes + 1 + (0 if n <= DEBUG_SMALL else n // 64)
+
     def check_invariants(self):
         """Raise AssertionError unless every retained entry is in its
         coordinator's bitmap and the bitmaps hold nothing else, each
@@ -674,15 +663,10 @@ cdef class PendingAckTable:
 
 
     cdef _debug_changed(self):
-        """After a change (TXMQ_DEBUG): the full check, after every change
-        while the table holds up to DEBUG_SMALL entries, and after every
-        n / 64-th change of a larger table of n entries, so a check's O(n)
-        costs O(64) amortised per change."""
-        cdef Py_ssize_t n = len(self.owner) + len(self.cumulative)
-        self.debug_changes += 1
-        if self.debug_changes >= self.debug_next:
+        """After a change (TXMQ_DEBUG): the full check when it is due (_debug.pxd)."""
+        if check_due(&self.debug_changes, &self.debug_next, len(self.owner) + len(self.cumulative)):
             self.check_invariants()
-            self.debug_next = self.debug_changes + 1 + (0 if n <= DEBUG_SMALL else n // 64)
+
     def check_invariants(self):
         """Raise AssertionError unless each individually held offset has
         one owner, listed once in its transaction's offsets; the held ack

@@ -22,6 +22,7 @@ import txmq
 import txmq.readonly as readonly
 from txmq.cli import exits, opening, output
 from txmq.cli import main
+from damage import flip
 
 PY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
 BENCH_DIR = os.path.join(os.path.dirname(PY_DIR), "bench")
@@ -642,14 +643,6 @@ def _frame_positions(log):
     return out
 
 
-def _flip(path, at):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x5A]))
-
-
 def _problems(capsys, path):
     code, out, _ = run(capsys, "check", path, "--json")
     report = json.loads(out)
@@ -674,7 +667,7 @@ def test_check_flipped_byte_in_a_batch(capsys, logs):
     seg = _segment(logs)
     positions = _batch_positions(seg)
     target = positions[7]
-    _flip(seg, target + 100)                      # inside the 8th batch's sections
+    flip(seg, target + 100)                      # inside the 8th batch's sections
     before = _tree(logs)
     code, problems = _problems(capsys, logs)
     assert code == exits.PROBLEMS
@@ -796,7 +789,7 @@ def test_check_corrupt_redo_log_frame(capsys, logs):
     cursor = os.path.join(logs, "subscriptions", "t", "s", "cursor-0.log")
     frames = _frame_positions(cursor)
     assert len(frames) >= 5
-    _flip(cursor, frames[3] + 10)                 # payload of the fourth frame
+    flip(cursor, frames[3] + 10)                 # payload of the fourth frame
     code, problems = _problems(capsys, logs)
     assert code == exits.PROBLEMS
     size = os.path.getsize(cursor)
@@ -849,9 +842,9 @@ def test_check_txnindex_and_snapshot(capsys, logs):
     pdir = os.path.join(logs, "topics", "t", "0")
     txnindex = os.path.join(pdir, f"{0:020d}.txnindex")
     assert os.path.getsize(txnindex) == 48         # the aborted transaction
-    _flip(txnindex, 30)
+    flip(txnindex, 30)
     snap = os.path.join(pdir, "txnbuffer.snap")
-    _flip(snap, 20)
+    flip(snap, 20)
     code, problems = _problems(capsys, logs)
     assert code == exits.PROBLEMS
     assert (txnindex, 0, "entry fails its CRC", "repairable") in problems
@@ -1009,6 +1002,6 @@ def test_check_half_messages(capsys, tmp_path):
     assert problems == [(table, 64 + 5 * 28, "state record of half message 5 differs from the redo log; "
                                              "rebuilt on the next open", "repairable")]
     redo = os.path.join(path, "half", "redo.log")
-    _flip(redo, os.path.getsize(redo) - 3)
+    flip(redo, os.path.getsize(redo) - 3)
     code, problems = _problems(capsys, path)
     assert any(p[0] == redo and "CRC" in p[2] for p in problems)

@@ -27,6 +27,7 @@ from txmq.errors import CorruptLogError
 from txmq.storage.layout import RECOVERY_POINT_FILE, parse_recovery_point, segment_bases
 from txmq.storage.partition import Partition
 from txmq.transactions.records import TxnID, TxnMeta
+from damage import flip
 
 pytestmark = pytest.mark.usefixtures("no_debug")
 
@@ -119,14 +120,6 @@ def _batch_positions(seg):
     return out
 
 
-def _flip(path, at):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x5A]))
-
-
 # -- the damage --------------------------------------------------------------------
 
 def gap(pdir):
@@ -151,21 +144,21 @@ def torn_sealed_segment(pdir):
 def flipped_byte(pdir):
     """A byte inside a batch of the first (sealed, trusted) segment."""
     seg = os.path.join(pdir, _bases(pdir)[0])
-    _flip(seg, _batch_positions(seg)[3] + 100)
+    flip(seg, _batch_positions(seg)[3] + 100)
 
 
 def flipped_byte_bad_recovery_point(pdir):
     """A flipped byte in a sealed segment, and a recovery point that fails
     its CRC: every segment is scanned, so the log is cut there."""
     flipped_byte(pdir)
-    _flip(os.path.join(pdir, "recovery-point"), 20)
+    flip(os.path.join(pdir, "recovery-point"), 20)
 
 
 def flipped_last_batch(pdir):
     """A byte inside the last batch of the active segment: below the
     recovery point of a clean close, past that of a writer that died."""
     seg = os.path.join(pdir, _bases(pdir)[-1])
-    _flip(seg, _batch_positions(seg)[-1] + 70)
+    flip(seg, _batch_positions(seg)[-1] + 70)
 
 
 def bad_index(pdir):
@@ -181,7 +174,7 @@ def bad_index_and_flipped_byte(pdir):
     which finds a batch that fails its CRC below the recovery point."""
     bad_index(pdir)
     seg = os.path.join(pdir, _bases(pdir)[1])
-    _flip(seg, _batch_positions(seg)[2] + 100)
+    flip(seg, _batch_positions(seg)[2] + 100)
 
 
 def bad_active_index_and_flipped_byte(pdir):
@@ -192,19 +185,19 @@ def bad_active_index_and_flipped_byte(pdir):
     with open(stem + ".index", "r+b") as f:
         f.seek(8)
         f.write(struct.pack("<q", 8))                 # not a batch boundary
-    _flip(stem + ".log", _batch_positions(stem + ".log")[0] + 70)
+    flip(stem + ".log", _batch_positions(stem + ".log")[0] + 70)
 
 
 def bad_snapshot(pdir):
-    _flip(os.path.join(pdir, "txnbuffer.snap"), 20)
+    flip(os.path.join(pdir, "txnbuffer.snap"), 20)
 
 
 def bad_producer_snapshot(pdir):
-    _flip(os.path.join(pdir, "producers.snap"), 20)
+    flip(os.path.join(pdir, "producers.snap"), 20)
 
 
 def bad_recovery_point(pdir):
-    _flip(os.path.join(pdir, "recovery-point"), 20)
+    flip(os.path.join(pdir, "recovery-point"), 20)
 
 
 def missing_recovery_point(pdir):
