@@ -333,3 +333,16 @@ class RequestInterruptedError(TxmqError):
         self.op = op
         super().__init__(f"the owner of {self.path} went away during {op!r}: its outcome is unknown "
                          f"(pass sink=(key, batch id) to make the request safe to repeat)")
+
+
+class KafkaProtocolError(TxmqError, ValueError):
+    """Bytes received over the Kafka protocol do not decode: a truncated or
+    malformed request, or a record batch that fails its checks (magic,
+    length, CRC-32C, record count). ``what`` names the part, ``position``
+    is the byte offset in it where decoding stopped."""
+
+    def __init__(self, what: str, position: int, reason: str):
+        self.what = what
+        self.position = int(position)
+        self.reason = reason
+        super().__init__(f"kafka {what} at byte {self.position}: {reason}")

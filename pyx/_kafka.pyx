@@ -1,0 +1,727 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""Kafka wire-protocol codec: request / response bodies and record batch v2.
+
+Everything here is big-endian, as Kafka's protocol is.
+
+**Bodies** are read and written by a schema interpreter. A compiled struct
+(built by ``txmq.kafka.schema`` from the generated ``schema_data``) is a
+pair ``(fields, tagged)``; each field is the tuple
+``(name, kind, elem_kind, nullable, compact, tag, default, children)``
+where ``children`` is the compiled struct of a struct or array-of-struct
+field. ``compact`` selects the flexible encodings (unsigned-varint
+lengths + 1, 0 meaning null); a flexible struct ends with its tagged
+fields: ``uvarint count, count x (uvarint tag, uvarint size, value)``.
+
+**Record batch v2** (Kafka's ``RecordBatch``, magic 2)::
+
+    0  baseOffset i64         8  batchLength i32 (bytes after this field)
+    12 partitionLeaderEpoch i32  16 magic i8 (2)
+    17 crc u32 (CRC-32C of bytes 21 .. end)
+    21 attributes i16  (bits 0-2 compression, 3 timestamp type,
+                        4 transactional, 5 control)
+    23 lastOffsetDelta i32    27 baseTimestamp i64   35 maxTimestamp i64
+    43 producerId i64         51 producerEpoch i16   53 baseSequence i32
+    57 recordsCount i32       61 records (compressed as a whole if bit 0-2)
+
+    record: length varint, attributes i8, timestampDelta varlong,
+            offsetDelta varint, keyLength varint (-1 null), key,
+            valueLength varint (-1 null), value, headerCount varint,
+            headers: keyLength varint, key (UTF-8), valueLength varint, value
+
+A control record (COMMIT / ABORT marker) has key ``version i16 = 0, type
+i16`` (0 abort, 1 commit) and value ``version i16 = 0, coordinatorEpoch
+i32``.
+
+Every read goes through ``Reader._need`` (or the record reader's own
+check), which raises :class:`txmq.errors.KafkaProtocolError`; so Cython's
+bounds checks are off here.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int8_t, int16_t, int32_t, int64_t
+from libc.string cimport memcpy
+
+from txmq.errors import KafkaProtocolError
+
+from _bytes cimport crc32c
+
+# Field kinds of a compiled schema (txmq.kafka.schema builds them).
+cpdef enum Kind:
+    K_BOOL = 1
+    K_INT8 = 2
+    K_INT16 = 3
+    K_UINT16 = 4
+    K_INT32 = 5
+    K_UINT32 = 6
+    K_INT64 = 7
+    K_FLOAT64 = 8
+    K_STRING = 9
+    K_BYTES = 10
+    K_RECORDS = 11
+    K_UUID = 12
+    K_STRUCT = 13
+    K_ARRAY = 14
+
+# Record batch v2 layout, each offset chained from the one before.
+BASE_OFFSET_OFFSET = 0
+BATCH_LENGTH_OFFSET = BASE_OFFSET_OFFSET + 8
+LEADER_EPOCH_OFFSET = BATCH_LENGTH_OFFSET + 4
+MAGIC_OFFSET = LEADER_EPOCH_OFFSET + 4
+CRC_OFFSET = MAGIC_OFFSET + 1
+ATTRIBUTES_OFFSET = CRC_OFFSET + 4
+LAST_OFFSET_DELTA_OFFSET = ATTRIBUTES_OFFSET + 2
+BASE_TIMESTAMP_OFFSET = LAST_OFFSET_DELTA_OFFSET + 4
+MAX_TIMESTAMP_OFFSET = BASE_TIMESTAMP_OFFSET + 8
+PRODUCER_ID_OFFSET = MAX_TIMESTAMP_OFFSET + 8
+PRODUCER_EPOCH_OFFSET = PRODUCER_ID_OFFSET + 8
+BASE_SEQUENCE_OFFSET = PRODUCER_EPOCH_OFFSET + 2
+RECORDS_COUNT_OFFSET = BASE_SEQUENCE_OFFSET + 4
+RECORDS_OFFSET = RECORDS_COUNT_OFFSET + 4
+BATCH_OVERHEAD = RECORDS_OFFSET
+LOG_OVERHEAD = BATCH_LENGTH_OFFSET + 4       # bytes before batchLength counts
+assert RECORDS_OFFSET == 61, RECORDS_OFFSET
+
+cdef enum:
+    C_RECORDS_OFFSET = 61
+    C_ATTRIBUTES_OFFSET = 21
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+MAGIC_V2 = 2
+
+_MISSING = object()
+
+
+# -- big-endian primitives --------------------------------------------------------------------
+
+cdef inline uint16_t be16(const char *p) noexcept nogil:
+    cdef const uint8_t *u = <const uint8_t *>p
+    return (<uint16_t>u[0] << 8) | u[1]
+
+cdef inline uint32_t be32(const char *p) noexcept nogil:
+    cdef const uint8_t *u = <const uint8_t *>p
+    return (<uint32_t>u[0] << 24) | (<uint32_t>u[1] << 16) | (<uint32_t>u[2] << 8) | u[3]
+
+cdef inline uint64_t be64(const char *p) noexcept nogil:
+    return (<uint64_t>be32(p) << 32) | be32(p + 4)
+
+cdef inline void put16(char *p, uint16_t v) noexcept nogil:
+    p[0] = <char>(v >> 8); p[1] = <char>v
+
+cdef inline void put32(char *p, uint32_t v) noexcept nogil:
+    p[0] = <char>(v >> 24); p[1] = <char>(v >> 16); p[2] = <char>(v >> 8); p[3] = <char>v
+
+cdef inline void put64(char *p, uint64_t v) noexcept nogil:
+    put32(p, <uint32_t>(v >> 32)); put32(p + 4, <uint32_t>v)
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+cdef class Reader:
+    """A bounds-checked cursor over a bytes object."""
+    cdef bytes buf
+    cdef const char *p
+    cdef readonly Py_ssize_t size, pos
+    cdef str what
+
+    def __cinit__(self, bytes buf, Py_ssize_t pos=0, str what="request"):
+        self.buf = buf
+        self.p = PyBytes_AS_STRING(buf)
+        self.size = PyBytes_GET_SIZE(buf)
+        self.pos = pos
+        self.what = what
+
+    cdef int _need(self, Py_ssize_t n) except -1:
+        if n < 0 or self.pos + n > self.size:
+            raise KafkaProtocolError(self.what, self.pos, f"needs {n} bytes, {self.size - self.pos} left")
+        return 0
+
+    cdef int8_t i8(self) except? -1:
+        self._need(1)
+        self.pos += 1
+        return <int8_t>self.p[self.pos - 1]
+
+    cdef int16_t i16(self) except? -1:
+        self._need(2)
+        self.pos += 2
+        return <int16_t>be16(self.p + self.pos - 2)
+
+    cdef int32_t i32(self) except? -1:
+        self._need(4)
+        self.pos += 4
+        return <int32_t>be32(self.p + self.pos - 4)
+
+    cdef int64_t i64(self) except? -1:
+        self._need(8)
+        self.pos += 8
+        return <int64_t>be64(self.p + self.pos - 8)
+
+    cdef uint64_t uvarint(self, int max_bytes) except? 0xFFFFFFFFFFFFFFFF:
+        cdef uint64_t v = 0
+        cdef int shift = 0, i
+        cdef uint8_t b
+        for i in range(max_bytes):
+            self._need(1)
+            b = <uint8_t>self.p[self.pos]
+            self.pos += 1
+            v |= <uint64_t>(b & 0x7F) << shift
+            if not (b & 0x80):
+                return v
+            shift += 7
+        raise KafkaProtocolError(self.what, self.pos, "varint longer than its type")
+
+    cdef bytes take(self, Py_ssize_t n):
+        self._need(n)
+        self.pos += n
+        return PyBytes_FromStringAndSize(self.p + self.pos - n, n)
+
+    cdef Py_ssize_t length(self, bint compact, bint wide) except -2:
+        """A length prefix; -1 means null."""
+        cdef Py_ssize_t n
+        if compact:
+            n = <Py_ssize_t>self.uvarint(5) - 1
+        elif wide:
+            n = self.i32()
+        else:
+            n = self.i16()
+        if n < -1:
+            raise KafkaProtocolError(self.what, self.pos, f"negative length {n}")
+        return n
+
+    def remaining(self) -> int:
+        return self.size - self.pos
+
+
+cdef object _read_value(Reader r, int kind, bint nullable, bint compact, tuple children, int elem_kind):
+    cdef Py_ssize_t n, i
+    cdef list out
+    cdef bytes raw
+    if kind == K_INT32:
+        return r.i32()
+    if kind == K_INT16:
+        return r.i16()
+    if kind == K_INT64:
+        return r.i64()
+    if kind == K_STRING:
+        n = r.length(compact, False)
+        if n < 0:
+            if not nullable:
+                raise KafkaProtocolError(r.what, r.pos, "null in a non-nullable string")
+            return None
+        raw = r.take(n)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise KafkaProtocolError(r.what, r.pos - n, "string is not UTF-8") from None
+    if kind == K_ARRAY:
+        n = r.length(compact, True)
+        if n < 0:
+            if not nullable:
+                raise KafkaProtocolError(r.what, r.pos, "null in a non-nullable array")
+            return None
+        if n > r.size - r.pos:                 # every element takes at least a byte
+            raise KafkaProtocolError(r.what, r.pos, f"array of {n} elements in {r.size - r.pos} bytes")
+        out = []
+        for i in range(n):
+            if elem_kind == K_STRUCT:
+                out.append(_read_struct(r, children))
+            else:
+                out.append(_read_value(r, elem_kind, False, compact, None, 0))
+        return out
+    if kind == K_STRUCT:
+        return _read_struct(r, children)
+    if kind == K_BYTES or kind == K_RECORDS:
+        n = r.length(compact, True)
+        if n < 0:
+            if not nullable:
+                raise KafkaProtocolError(r.what, r.pos, "null in non-nullable bytes")
+            return None
+        return r.take(n)
+    if kind == K_BOOL:
+        return r.i8() != 0
+    if kind == K_INT8:
+        return r.i8()
+    if kind == K_UINT16:
+        return <uint16_t>r.i16()
+    if kind == K_UINT32:
+        return <uint32_t>r.i32()
+    if kind == K_UUID:
+        return r.take(16)
+    if kind == K_FLOAT64:
+        import struct
+        return struct.unpack(">d", r.take(8))[0]
+    raise KeyError(kind)
+
+
+cdef dict _read_struct(Reader r, tuple compiled):
+    cdef tuple fields = <tuple>compiled[0]
+    cdef object tagged = compiled[1]
+    cdef dict out = {}
+    cdef tuple f
+    cdef Py_ssize_t ntags, i, size, end
+    cdef uint64_t tag
+    for f in fields:
+        out[f[0]] = _read_value(r, f[1], f[3], f[4], f[7], f[2])
+    if tagged is not None:
+        ntags = <Py_ssize_t>r.uvarint(5)
+        for i in range(ntags):
+            tag = r.uvarint(5)
+            size = <Py_ssize_t>r.uvarint(5)
+            r._need(size)
+            end = r.pos + size
+            f = (<dict>tagged).get(tag)
+            if f is None:
+                r.pos = end                    # an unknown tagged field: skipped, as the spec says
+                continue
+            out[f[0]] = _read_value(r, f[1], f[3], f[4], f[7], f[2])
+            if r.pos != end:
+                raise KafkaProtocolError(r.what, r.pos, f"tagged field {tag} is not {size} bytes")
+        for f in (<dict>tagged).values():
+            if f[0] not in out:
+                out[f[0]] = f[6]
+    return out
+
+
+def read_struct(Reader r, tuple compiled):
+    """Decode one struct of the compiled schema at the reader's position."""
+    return _read_struct(r, compiled)
+
+
+def read_request_header(bytes frame, bint flexible_known=False):
+    """(api_key, api_version, correlation_id, client_id, position after the
+    common part) of a request frame (the size prefix removed). The header's
+    tagged fields (request header v2) are read by :func:`skip_tagged`."""
+    cdef Reader r = Reader(frame, 0, "request header")
+    cdef int16_t key = r.i16()
+    cdef int16_t version = r.i16()
+    cdef int32_t corr = r.i32()
+    cdef Py_ssize_t n = r.length(False, False)
+    client_id = None
+    if n >= 0:
+        client_id = r.take(n).decode("utf-8", "replace")
+    return key, version, corr, client_id, r.pos
+
+
+def skip_tagged(Reader r):
+    """Skip a tagged-field section (request header v2 carries one)."""
+    cdef Py_ssize_t ntags = <Py_ssize_t>r.uvarint(5), i, size
+    for i in range(ntags):
+        r.uvarint(5)
+        size = <Py_ssize_t>r.uvarint(5)
+        r._need(size)
+        r.pos += size
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+cdef class Writer:
+    """A growing output buffer."""
+    cdef char *buf
+    cdef Py_ssize_t size, cap
+
+    def __cinit__(self, Py_ssize_t cap=256):
+        self.cap = cap if cap > 16 else 16
+        self.buf = <char *>PyMem_Malloc(self.cap)
+        if self.buf == NULL:
+            raise MemoryError()
+        self.size = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.buf)
+
+    cdef int reserve(self, Py_ssize_t n) except -1:
+        cdef Py_ssize_t cap = self.cap
+        cdef char *nb
+        if self.size + n <= cap:
+            return 0
+        while cap < self.size + n:
+            cap *= 2
+        nb = <char *>PyMem_Realloc(self.buf, cap)
+        if nb == NULL:
+            raise MemoryError()
+        self.buf = nb
+        self.cap = cap
+        return 0
+
+    cdef int i8(self, int8_t v) except -1:
+        self.reserve(1)
+        self.buf[self.size] = <char>v
+        self.size += 1
+        return 0
+
+    cdef int i16(self, int16_t v) except -1:
+        self.reserve(2)
+        put16(self.buf + self.size, <uint16_t>v)
+        self.size += 2
+        return 0
+
+    cdef int i32(self, int32_t v) except -1:
+        self.reserve(4)
+        put32(self.buf + self.size, <uint32_t>v)
+        self.size += 4
+        return 0
+
+    cdef int i64(self, int64_t v) except -1:
+        self.reserve(8)
+        put64(self.buf + self.size, <uint64_t>v)
+        self.size += 8
+        return 0
+
+    cdef int uvarint(self, uint64_t v) except -1:
+        self.reserve(10)
+        while v >= 0x80:
+            self.buf[self.size] = <char>((v & 0x7F) | 0x80)
+            self.size += 1
+            v >>= 7
+        self.buf[self.size] = <char>v
+        self.size += 1
+        return 0
+
+    cdef int varlong(self, int64_t v) except -1:
+        return self.uvarint((<uint64_t>v << 1) ^ <uint64_t>(v >> 63))
+
+    cdef int raw(self, const char *p, Py_ssize_t n) except -1:
+        self.reserve(n)
+        memcpy(self.buf + self.size, p, n)
+        self.size += n
+        return 0
+
+    cdef int data(self, object b) except -1:
+        cdef const unsigned char[::1] view
+        if type(b) is bytes:
+            return self.raw(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+        view = b
+        if view.shape[0]:
+            self.raw(<const char *>&view[0], view.shape[0])
+        return 0
+
+    cdef int length(self, Py_ssize_t n, bint compact, bint wide) except -1:
+        if compact:
+            return self.uvarint(<uint64_t>(n + 1))
+        if wide:
+            return self.i32(<int32_t>n)
+        return self.i16(<int16_t>n)
+
+    def getvalue(self) -> bytes:
+        return PyBytes_FromStringAndSize(self.buf, self.size)
+
+    def __len__(self):
+        return self.size
+
+
+cdef int _write_value(Writer w, object v, tuple f) except -1:
+    cdef int kind = f[1]
+    cdef bint compact = f[4]
+    cdef bytes raw
+    cdef object item
+    if kind == K_INT32:
+        return w.i32(v)
+    if kind == K_INT16:
+        return w.i16(v)
+    if kind == K_INT64:
+        return w.i64(v)
+    if kind == K_STRING:
+        if v is None:
+            if not f[3]:
+                raise ValueError(f"field {f[0]!r} is not nullable")
+            return w.length(-1, compact, False)
+        raw = (<str>v).encode("utf-8")
+        w.length(len(raw), compact, False)
+        return w.raw(PyBytes_AS_STRING(raw), len(raw))
+    if kind == K_ARRAY:
+        if v is None:
+            if not f[3]:
+                raise ValueError(f"field {f[0]!r} is not nullable")
+            return w.length(-1, compact, True)
+        w.length(len(v), compact, True)
+        for item in v:
+            if f[2] == K_STRUCT:
+                _write_struct(w, item, f[7])
+            else:
+                _write_value(w, item, (f[0], f[2], 0, False, compact, -1, None, None))
+        return 0
+    if kind == K_STRUCT:
+        return _write_struct(w, v, f[7])
+    if kind == K_BYTES or kind == K_RECORDS:
+        if v is None:
+            if not f[3]:
+                raise ValueError(f"field {f[0]!r} is not nullable")
+            return w.length(-1, compact, True)
+        w.length(len(v), compact, True)
+        return w.data(v)
+    if kind == K_BOOL:
+        return w.i8(1 if v else 0)
+    if kind == K_INT8:
+        return w.i8(v)
+    if kind == K_UINT16:
+        return w.i16(<int16_t><uint16_t>v)
+    if kind == K_UINT32:
+        return w.i32(<int32_t><uint32_t>v)
+    if kind == K_UUID:
+        if len(v) != 16:
+            raise ValueError(f"field {f[0]!r}: a uuid is 16 bytes")
+        return w.data(v)
+    if kind == K_FLOAT64:
+        import struct
+        return w.data(struct.pack(">d", v))
+    raise KeyError(kind)
+
+
+cdef int _write_struct(Writer w, dict d, tuple compiled) except -1:
+    cdef tuple f
+    cdef object v
+    cdef list present
+    cdef Writer inner
+    for f in <tuple>compiled[0]:
+        v = d.get(f[0], _MISSING)
+        if v is _MISSING:
+            v = f[6]
+            if type(v) is list:
+                v = []
+        _write_value(w, v, f)
+    if compiled[1] is not None:
+        present = []
+        for f in sorted((<dict>compiled[1]).values(), key=lambda t: t[5]):
+            v = d.get(f[0], _MISSING)
+            if v is not _MISSING and v != f[6]:
+                present.append((f, v))
+        w.uvarint(len(present))
+        for f, v in present:
+            inner = Writer()
+            _write_value(inner, v, f)
+            w.uvarint(f[5])
+            w.uvarint(inner.size)
+            w.raw(inner.buf, inner.size)
+    return 0
+
+
+def write_struct(Writer w, dict d, tuple compiled):
+    """Encode ``d`` by the compiled schema onto ``w``; fields left out take
+    their schema default."""
+    _write_struct(w, d, compiled)
+
+
+def write_i32(Writer w, int32_t v):
+    w.i32(v)
+
+
+def write_i16(Writer w, int16_t v):
+    w.i16(v)
+
+
+def write_uvarint(Writer w, uint64_t v):
+    w.uvarint(v)
+
+
+# -- record batch v2 ------------------------------------------------------------------------
+
+def decode_batches(bytes data, str what="record batch"):
+    """Split Produce ``records`` into record batches v2 and check each
+    (magic, length, CRC-32C over attributes..end, records count, last
+    offset delta). Returns a list of ``(base_offset, attributes,
+    last_offset_delta, base_timestamp, max_timestamp, producer_id,
+    producer_epoch, base_sequence, count, records)`` where ``records`` is
+    the records section as sent (compressed when ``attributes & 7``).
+    Raises :class:`KafkaProtocolError` on anything else, a partial batch
+    included."""
+    cdef const char *p = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data), pos = 0, blen, end
+    cdef uint32_t crc
+    cdef int32_t count, last_delta
+    cdef list out = []
+    while pos < size:
+        if size - pos < C_RECORDS_OFFSET:
+            raise KafkaProtocolError(what, pos, f"{size - pos} bytes: shorter than a batch header")
+        blen = <int32_t>be32(p + pos + 8)
+        if blen < C_RECORDS_OFFSET - 12 or pos + 12 + blen > size:
+            raise KafkaProtocolError(what, pos, f"batch length {blen} with {size - pos - 12} bytes left")
+        end = pos + 12 + blen
+        if p[pos + 16] != MAGIC_V2:
+            raise KafkaProtocolError(what, pos, f"magic {p[pos + 16]} (only record batch v2 is supported)")
+        crc = crc32c(p + pos + C_ATTRIBUTES_OFFSET, end - pos - C_ATTRIBUTES_OFFSET)
+        if crc != be32(p + pos + 17):
+            raise KafkaProtocolError(what, pos, f"CRC-32C {be32(p + pos + 17):#010x}, computed {crc:#010x}")
+        count = <int32_t>be32(p + pos + 57)
+        last_delta = <int32_t>be32(p + pos + 23)
+        if count < 0 or count > end - pos - C_RECORDS_OFFSET + 1 or (count > 0 and last_delta != count - 1):
+            raise KafkaProtocolError(what, pos, f"records count {count}, last offset delta {last_delta}")
+        out.append((<int64_t>be64(p + pos), <int16_t>be16(p + pos + 21), last_delta,
+                    <int64_t>be64(p + pos + 27), <int64_t>be64(p + pos + 35), <int64_t>be64(p + pos + 43),
+                    <int16_t>be16(p + pos + 51), <int32_t>be32(p + pos + 53), count,
+                    PyBytes_FromStringAndSize(p + pos + C_RECORDS_OFFSET, end - pos - C_RECORDS_OFFSET)))
+        pos = end
+    return out
+
+
+cdef inline int64_t _varlong(const char *p, Py_ssize_t size, Py_ssize_t *pos) except? -1:
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef uint8_t b
+    while True:
+        if pos[0] >= size or shift > 63:
+            raise KafkaProtocolError("record", pos[0], "truncated or overlong varint")
+        b = <uint8_t>p[pos[0]]
+        pos[0] += 1
+        v |= <uint64_t>(b & 0x7F) << shift
+        if not (b & 0x80):
+            break
+        shift += 7
+    return <int64_t>(v >> 1) ^ -<int64_t>(v & 1)
+
+
+cdef inline object _field_bytes(const char *p, Py_ssize_t size, Py_ssize_t *pos, bint nullable):
+    cdef int64_t n = _varlong(p, size, pos)
+    if n < 0:
+        if n == -1 and nullable:
+            return None
+        raise KafkaProtocolError("record", pos[0], f"length {n}")
+    if n > size - pos[0]:
+        raise KafkaProtocolError("record", pos[0], f"length {n} with {size - pos[0]} bytes left")
+    pos[0] += n
+    return PyBytes_FromStringAndSize(p + pos[0] - n, n)
+
+
+def decode_records(bytes records, int32_t count, int64_t base_timestamp):
+    """The ``count`` records of an uncompressed records section as four
+    lists: values (a null value becomes ``b""``), keys (None entries for
+    null keys; the list is None when every key is null), headers (lists of
+    (str, bytes) pairs, a null header value as ``b""``; None when no record
+    has headers) and timestamps (ms). Offset deltas must run 0..count-1."""
+    cdef const char *p = PyBytes_AS_STRING(records)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(records), pos = 0, end, j
+    cdef int64_t rlen, ts_delta, off_delta, nh
+    cdef int32_t i
+    cdef list values = [], keys = [], headers = [], stamps = [], hl
+    cdef bint any_key = False, any_header = False
+    cdef object key, value, hk, hv
+    for i in range(count):
+        rlen = _varlong(p, size, &pos)
+        if rlen < 0 or rlen > size - pos:
+            raise KafkaProtocolError("record", pos, f"record length {rlen} with {size - pos} bytes left")
+        end = pos + rlen
+        if end - pos < 1:
+            raise KafkaProtocolError("record", pos, "empty record")
+        pos += 1                                         # record attributes: unused
+        ts_delta = _varlong(p, end, &pos)
+        off_delta = _varlong(p, end, &pos)
+        if off_delta != i:
+            raise KafkaProtocolError("record", pos, f"offset delta {off_delta} for record {i}")
+        key = _field_bytes(p, end, &pos, True)
+        value = _field_bytes(p, end, &pos, True)
+        nh = _varlong(p, end, &pos)
+        if nh < 0 or nh > end - pos:
+            raise KafkaProtocolError("record", pos, f"header count {nh}")
+        if nh:
+            hl = []
+            for j in range(nh):
+                hk = _field_bytes(p, end, &pos, False)
+                hv = _field_bytes(p, end, &pos, True)
+                try:
+                    hl.append(((<bytes>hk).decode("utf-8"), b"" if hv is None else hv))
+                except UnicodeDecodeError:
+                    raise KafkaProtocolError("record", pos, "header key is not UTF-8") from None
+            headers.append(hl)
+            any_header = True
+        else:
+            headers.append(None)
+        if pos != end:
+            raise KafkaProtocolError("record", pos, f"record {i} has {end - pos} bytes past its fields")
+        if key is not None:
+            any_key = True
+        keys.append(key)
+        values.append(b"" if value is None else value)
+        stamps.append(base_timestamp + ts_delta)
+    if pos != size:
+        raise KafkaProtocolError("record", pos, f"{size - pos} bytes after {count} records")
+    return values, keys if any_key else None, headers if any_header else None, stamps
+
+
+cdef int _write_record_bytes(Writer w, object b) except -1:
+    if b is None:
+        return w.varlong(-1)
+    w.varlong(len(b))
+    return w.data(b)
+
+
+def encode_records(list messages, int64_t base_offset, int64_t base_timestamp):
+    """The records section for ``messages``: tuples whose items 0-4 are
+    (offset, key, value, headers, timestamp ms) as txmq's segments yield
+    them; ``headers`` is None or a list of (str, bytes) pairs."""
+    cdef Writer w = Writer(64 * len(messages) + 64)
+    cdef Writer rec = Writer(256)
+    cdef tuple m
+    cdef object headers, hk
+    cdef bytes kb
+    for m in messages:
+        rec.size = 0
+        rec.i8(0)
+        rec.varlong(<int64_t>m[4] - base_timestamp)
+        rec.varlong(<int64_t>m[0] - base_offset)
+        _write_record_bytes(rec, m[1])
+        _write_record_bytes(rec, m[2])
+        headers = m[3]
+        if headers:
+            rec.varlong(len(headers))
+            for hk, hv in headers:
+                kb = hk.encode("utf-8") if type(hk) is str else bytes(hk)
+                _write_record_bytes(rec, kb)
+                _write_record_bytes(rec, hv)
+        else:
+            rec.varlong(0)
+        w.varlong(rec.size)
+        w.raw(rec.buf, rec.size)
+    return w.getvalue()
+
+
+def encode_batch(int64_t base_offset, int16_t attributes, int32_t last_offset_delta,
+                 int64_t base_timestamp, int64_t max_timestamp, int64_t producer_id,
+                 int16_t producer_epoch, int32_t base_sequence, int32_t count, bytes records,
+                 int32_t leader_epoch=0):
+    """One record batch v2 around an encoded (and, if ``attributes`` say
+    so, compressed) records section, its CRC-32C computed."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(records)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, C_RECORDS_OFFSET + n)
+    cdef char *p = PyBytes_AS_STRING(out)
+    put64(p, <uint64_t>base_offset)
+    put32(p + 8, <uint32_t>(C_RECORDS_OFFSET - 12 + n))
+    put32(p + 12, <uint32_t>leader_epoch)
+    p[16] = MAGIC_V2
+    put16(p + 21, <uint16_t>attributes)
+    put32(p + 23, <uint32_t>last_offset_delta)
+    put64(p + 27, <uint64_t>base_timestamp)
+    put64(p + 35, <uint64_t>max_timestamp)
+    put64(p + 43, <uint64_t>producer_id)
+    put16(p + 51, <uint16_t>producer_epoch)
+    put32(p + 53, <uint32_t>base_sequence)
+    put32(p + 57, <uint32_t>count)
+    memcpy(p + C_RECORDS_OFFSET, PyBytes_AS_STRING(records), n)
+    put32(p + 17, crc32c(p + C_ATTRIBUTES_OFFSET, C_RECORDS_OFFSET - C_ATTRIBUTES_OFFSET + n))
+    return out
+
+
+def encode_control_batch(int64_t offset, int64_t producer_id, int16_t producer_epoch, bint commit,
+                         int64_t timestamp):
+    """A transaction marker as Kafka writes it: a transactional control
+    batch of one control record (type 1 commit, 0 abort)."""
+    cdef Writer rec = Writer(32)
+    cdef Writer w = Writer(32)
+    cdef char key[4]
+    cdef char value[6]
+    put16(key, 0)
+    put16(key + 2, 1 if commit else 0)
+    put16(value, 0)
+    put32(value + 2, 0)
+    rec.i8(0)
+    rec.varlong(0)
+    rec.varlong(0)
+    rec.varlong(4)
+    rec.raw(key, 4)
+    rec.varlong(6)
+    rec.raw(value, 6)
+    rec.varlong(0)
+    w.varlong(rec.size)
+    w.raw(rec.buf, rec.size)
+    return encode_batch(offset, ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp, timestamp, producer_id,
+                        producer_epoch, -1, 1, w.getvalue())
