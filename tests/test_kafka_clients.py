@@ -270,3 +270,21 @@ def _connects(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@pytest.mark.skipif(__import__("shutil").which("kcat") is None, reason="kcat (Debian package kcat) not installed")
+def test_kcat_produce_and_consume(kafka):
+    """kcat as an operator would use it: lines with keys in, then out with
+    their offsets, read_committed (kcat's default client is librdkafka)."""
+    kafka.broker.create_topic("ops", partitions=1)
+    lines = "".join(f"k{i}:v{i}\n" for i in range(5))
+    subprocess.run(["kcat", "-b", kafka.bootstrap, "-P", "-t", "ops", "-K:"], input=lines, text=True,
+                   check=True, timeout=60)
+    kafka.broker.producer("ops").send(b"from python", key=b"py", headers=[("h", b"1")])
+    out = subprocess.run(["kcat", "-b", kafka.bootstrap, "-C", "-t", "ops", "-o", "beginning", "-e",
+                          "-X", "isolation.level=read_committed", "-f", "%o %k=%s %h\\n"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.splitlines() == [f"{i} k{i}=v{i} " for i in range(5)] + ["5 py=from python h=1"]
+    meta = subprocess.run(["kcat", "-b", kafka.bootstrap, "-L", "-t", "ops"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    assert "1 partitions" in meta and "leader 0" in meta
