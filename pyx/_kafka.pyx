@@ -36,14 +36,15 @@ Every read goes through ``Reader._need`` (or the record reader's own
 check), which raises :class:`txmq.errors.KafkaProtocolError`; so Cython's
 bounds checks are off here.
 """
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int8_t, int16_t, int32_t, int64_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from txmq.errors import KafkaProtocolError
 
-from _bytes cimport crc32c
+from _bytes cimport crc32c, store_i32, store_u16, store_u32, NOGIL_THRESHOLD
 
 # Field kinds of a compiled schema (txmq.kafka.schema builds them).
 cpdef enum Kind:
@@ -120,16 +121,19 @@ cdef inline void put64(char *p, uint64_t v) noexcept nogil:
 # -- reading ------------------------------------------------------------------------------------
 
 cdef class Reader:
-    """A bounds-checked cursor over a bytes object."""
-    cdef bytes buf
+    """A bounds-checked cursor over a bytes-like object (bytes, or the
+    bytearray a large request was received into)."""
+    cdef object buf
+    cdef const unsigned char[::1] _view
     cdef const char *p
     cdef readonly Py_ssize_t size, pos
     cdef str what
 
-    def __cinit__(self, bytes buf, Py_ssize_t pos=0, str what="request"):
+    def __cinit__(self, buf, Py_ssize_t pos=0, str what="request"):
         self.buf = buf
-        self.p = PyBytes_AS_STRING(buf)
-        self.size = PyBytes_GET_SIZE(buf)
+        self._view = buf
+        self.size = self._view.shape[0]
+        self.p = <const char *>&self._view[0] if self.size else <const char *>b""
         self.pos = pos
         self.what = what
 
@@ -176,6 +180,13 @@ cdef class Reader:
         self._need(n)
         self.pos += n
         return PyBytes_FromStringAndSize(self.p + self.pos - n, n)
+
+    cdef object view(self, Py_ssize_t n):
+        """The next ``n`` bytes as a memoryview of the buffer: record
+        batches, megabytes each, are not copied out of their request."""
+        self._need(n)
+        self.pos += n
+        return memoryview(self.buf)[self.pos - n:self.pos]
 
     cdef Py_ssize_t length(self, bint compact, bint wide) except -2:
         """A length prefix; -1 means null."""
@@ -238,6 +249,8 @@ cdef object _read_value(Reader r, int kind, bint nullable, bint compact, tuple c
             if not nullable:
                 raise KafkaProtocolError(r.what, r.pos, "null in non-nullable bytes")
             return None
+        if kind == K_RECORDS:
+            return r.view(n)
         return r.take(n)
     if kind == K_BOOL:
         return r.i8() != 0
@@ -289,7 +302,7 @@ def read_struct(Reader r, tuple compiled):
     return _read_struct(r, compiled)
 
 
-def read_request_header(bytes frame, bint flexible_known=False):
+def read_request_header(frame, bint flexible_known=False):
     """(api_key, api_version, correlation_id, client_id, position after the
     common part) of a request frame (the size prefix removed). The header's
     tagged fields (request header v2) are read by :func:`skip_tagged`."""
@@ -407,6 +420,14 @@ cdef class Writer:
     def getvalue(self) -> bytes:
         return PyBytes_FromStringAndSize(self.buf, self.size)
 
+    def framed(self) -> bytes:
+        """The contents as one frame: the first 4 bytes, reserved by the
+        caller, become the big-endian size of the rest."""
+        if self.size < 4:
+            raise ValueError("a frame starts with 4 reserved bytes")
+        put32(self.buf, <uint32_t>(self.size - 4))
+        return PyBytes_FromStringAndSize(self.buf, self.size)
+
     def __len__(self):
         return self.size
 
@@ -517,20 +538,23 @@ def write_uvarint(Writer w, uint64_t v):
 
 # -- record batch v2 ------------------------------------------------------------------------
 
-def decode_batches(bytes data, str what="record batch"):
-    """Split Produce ``records`` into record batches v2 and check each
-    (magic, length, CRC-32C over attributes..end, records count, last
-    offset delta). Returns a list of ``(base_offset, attributes,
-    last_offset_delta, base_timestamp, max_timestamp, producer_id,
-    producer_epoch, base_sequence, count, records)`` where ``records`` is
-    the records section as sent (compressed when ``attributes & 7``).
-    Raises :class:`KafkaProtocolError` on anything else, a partial batch
+def decode_batches(data, str what="record batch"):
+    """Split Produce ``records`` (any bytes-like object) into record
+    batches v2 and check each (magic, length, CRC-32C over
+    attributes..end, records count, last offset delta). Returns a list of
+    ``(base_offset, attributes, last_offset_delta, base_timestamp,
+    max_timestamp, producer_id, producer_epoch, base_sequence, count,
+    records)`` where ``records`` is a memoryview of the records section as
+    sent (compressed when ``attributes & 7``), not a copy. Raises
+    :class:`KafkaProtocolError` on anything else, a partial batch
     included."""
-    cdef const char *p = PyBytes_AS_STRING(data)
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(data), pos = 0, blen, end
+    cdef const unsigned char[::1] view = data
+    cdef Py_ssize_t size = view.shape[0], pos = 0, blen, end
+    cdef const char *p = <const char *>&view[0] if size else <const char *>b""
     cdef uint32_t crc
     cdef int32_t count, last_delta
     cdef list out = []
+    whole = memoryview(data)
     while pos < size:
         if size - pos < C_RECORDS_OFFSET:
             raise KafkaProtocolError(what, pos, f"{size - pos} bytes: shorter than a batch header")
@@ -540,7 +564,11 @@ def decode_batches(bytes data, str what="record batch"):
         end = pos + 12 + blen
         if p[pos + 16] != MAGIC_V2:
             raise KafkaProtocolError(what, pos, f"magic {p[pos + 16]} (only record batch v2 is supported)")
-        crc = crc32c(p + pos + C_ATTRIBUTES_OFFSET, end - pos - C_ATTRIBUTES_OFFSET)
+        if end - pos >= NOGIL_THRESHOLD:
+            with nogil:
+                crc = crc32c(p + pos + C_ATTRIBUTES_OFFSET, end - pos - C_ATTRIBUTES_OFFSET)
+        else:
+            crc = crc32c(p + pos + C_ATTRIBUTES_OFFSET, end - pos - C_ATTRIBUTES_OFFSET)
         if crc != be32(p + pos + 17):
             raise KafkaProtocolError(what, pos, f"CRC-32C {be32(p + pos + 17):#010x}, computed {crc:#010x}")
         count = <int32_t>be32(p + pos + 57)
@@ -550,7 +578,7 @@ def decode_batches(bytes data, str what="record batch"):
         out.append((<int64_t>be64(p + pos), <int16_t>be16(p + pos + 21), last_delta,
                     <int64_t>be64(p + pos + 27), <int64_t>be64(p + pos + 35), <int64_t>be64(p + pos + 43),
                     <int16_t>be16(p + pos + 51), <int32_t>be32(p + pos + 53), count,
-                    PyBytes_FromStringAndSize(p + pos + C_RECORDS_OFFSET, end - pos - C_RECORDS_OFFSET)))
+                    whole[pos + C_RECORDS_OFFSET:end]))
         pos = end
     return out
 
@@ -571,71 +599,248 @@ cdef inline int64_t _varlong(const char *p, Py_ssize_t size, Py_ssize_t *pos) ex
     return <int64_t>(v >> 1) ^ -<int64_t>(v & 1)
 
 
-cdef inline object _field_bytes(const char *p, Py_ssize_t size, Py_ssize_t *pos, bint nullable):
-    cdef int64_t n = _varlong(p, size, pos)
+# -- records as columns ----------------------------------------------------------------------
+#
+# A Produce batch's records become txmq's columns in one pass, with no Python
+# object per record. Columns are little-endian, as txmq's batch layout and
+# Arrow are:
+#
+#   values        value bytes back to back (a null value is empty)
+#   value_offsets i32[count + 1], value i is values[off[i]:off[i + 1]]
+#   keys          key bytes back to back; key_offsets i32[count + 1]
+#   key_validity  bit i (LSB first) set when record i has a key; None when
+#                 every record has one, and all three None when none has
+#   headers       every record's headers in txmq's encoding, back to back:
+#                 per header u16 key length, key (UTF-8), u32 value length,
+#                 value (a null value is empty); header_offsets i32[count + 1];
+#                 both None when no record has headers
+#   event_deltas  i32[count]: timestamp - first_timestamp (a batch spans at
+#                 most 2**31 ms, as txmq's does)
+
+cdef enum:
+    HEADER_KEY_MAX = 0xFFFF         # txmq's header key length is a u16
+# Keeps base timestamp + delta clear of int64 overflow.
+cdef int64_t TIMESTAMP_DELTA_MAX = (<int64_t>1) << 62
+
+
+cdef class RecordColumns:
+    """The records of one record batch v2 as txmq's columns (the layout
+    above): what ``txmq._log.BatchSpec.from_columns`` takes. Built by
+    :func:`decode_records`."""
+    cdef readonly int32_t count
+    cdef readonly object values, value_offsets
+    cdef readonly object keys, key_offsets, key_validity
+    cdef readonly object headers, header_offsets
+    cdef readonly object event_deltas
+    cdef readonly int64_t first_timestamp, max_timestamp
+
+    def to_lists(self):
+        """``(values, keys, headers, timestamps)`` as Python lists: keys
+        None when every key is null (else None entries for null keys),
+        headers None when no record has any (else None entries or lists of
+        (str, bytes) pairs). For tests and tools, not the produce path."""
+        cdef Py_ssize_t i, n = self.count
+        voff = memoryview(self.value_offsets).cast("i")
+        vals = bytes(self.values)
+        values = [vals[voff[i]:voff[i + 1]] for i in range(n)]
+        keys = None
+        if self.keys is not None:
+            koff = memoryview(self.key_offsets).cast("i")
+            kb = bytes(self.keys)
+            valid = self.key_validity
+            keys = [kb[koff[i]:koff[i + 1]]
+                    if valid is None or valid[i >> 3] & (1 << (i & 7)) else None for i in range(n)]
+        headers = None
+        if self.headers is not None:
+            hoff = memoryview(self.header_offsets).cast("i")
+            hb = bytes(self.headers)
+            headers = [_header_pairs(hb[hoff[i]:hoff[i + 1]]) or None for i in range(n)]
+        deltas = memoryview(self.event_deltas).cast("i")
+        return values, keys, headers, [self.first_timestamp + deltas[i] for i in range(n)]
+
+
+def _header_pairs(bytes blob):
+    cdef Py_ssize_t pos = 0, kl, vl
+    out = []
+    while pos < len(blob):
+        kl = int.from_bytes(blob[pos:pos + 2], "little")
+        key = blob[pos + 2:pos + 2 + kl].decode("utf-8")
+        pos += 2 + kl
+        vl = int.from_bytes(blob[pos:pos + 4], "little")
+        out.append((key, blob[pos + 4:pos + 4 + vl]))
+        pos += 4 + vl
+    return out
+
+
+cdef inline int64_t _length(const char *p, Py_ssize_t end, Py_ssize_t *pos, bint nullable) except? -2:
+    """A record field's length: -1 for null (when ``nullable``), else a
+    length that fits before ``end``."""
+    cdef int64_t n = _varlong(p, end, pos)
     if n < 0:
         if n == -1 and nullable:
-            return None
+            return -1
         raise KafkaProtocolError("record", pos[0], f"length {n}")
-    if n > size - pos[0]:
-        raise KafkaProtocolError("record", pos[0], f"length {n} with {size - pos[0]} bytes left")
-    pos[0] += n
-    return PyBytes_FromStringAndSize(p + pos[0] - n, n)
+    if n > end - pos[0]:
+        raise KafkaProtocolError("record", pos[0], f"length {n} with {end - pos[0]} bytes left")
+    return n
 
 
-def decode_records(bytes records, int32_t count, int64_t base_timestamp):
-    """The ``count`` records of an uncompressed records section as four
-    lists: values (a null value becomes ``b""``), keys (None entries for
-    null keys; the list is None when every key is null), headers (lists of
-    (str, bytes) pairs, a null header value as ``b""``; None when no record
-    has headers) and timestamps (ms). Offset deltas must run 0..count-1."""
-    cdef const char *p = PyBytes_AS_STRING(records)
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(records), pos = 0, end, j
-    cdef int64_t rlen, ts_delta, off_delta, nh
+cdef bint _utf8_valid(const uint8_t *s, Py_ssize_t n) noexcept nogil:
+    """Strict UTF-8, as Python's decoder reads it (no overlong forms, no
+    surrogates, nothing past U+10FFFF)."""
+    cdef Py_ssize_t i = 0, j
+    cdef int need
+    cdef uint32_t cp
+    cdef uint8_t c
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if 0xC2 <= c <= 0xDF:
+            need, cp = 1, c & 0x1F
+        elif 0xE0 <= c <= 0xEF:
+            need, cp = 2, c & 0x0F
+        elif 0xF0 <= c <= 0xF4:
+            need, cp = 3, c & 0x07
+        else:
+            return False
+        if n - i - 1 < need:
+            return False
+        for j in range(1, need + 1):
+            if (s[i + j] & 0xC0) != 0x80:
+                return False
+            cp = (cp << 6) | (s[i + j] & 0x3F)
+        if need == 2 and (cp < 0x800 or 0xD800 <= cp <= 0xDFFF):
+            return False
+        if need == 3 and (cp < 0x10000 or cp > 0x10FFFF):
+            return False
+        i += need + 1
+    return True
+
+
+cdef inline char *_bytearray_ptr(object b) noexcept:
+    return PyByteArray_AS_STRING(b)
+
+
+def decode_records(records, int32_t count, int64_t base_timestamp):
+    """The ``count`` records of an uncompressed records section (any
+    bytes-like object) as a :class:`RecordColumns`, in one pass with no
+    Python object per record. Offset deltas must run 0..count-1, header
+    keys must be UTF-8 of at most 65535 bytes, and the timestamps of a
+    batch must lie within 2**31 ms of the first; anything else raises
+    :class:`KafkaProtocolError`."""
+    cdef const unsigned char[::1] view = records
+    cdef Py_ssize_t size = view.shape[0], pos = 0, end, vpos = 0, kpos = 0, j
+    cdef const char *p = <const char *>&view[0] if size else <const char *>b""
+    cdef int64_t rlen, ts_delta, off_delta, nh, kl, vl, ts, first = 0, delta
     cdef int32_t i
-    cdef list values = [], keys = [], headers = [], stamps = [], hl
-    cdef bint any_key = False, any_header = False
-    cdef object key, value, hk, hv
+    cdef RecordColumns c = RecordColumns.__new__(RecordColumns)
+    cdef char *vals
+    cdef char *voff
+    cdef char *keys = NULL
+    cdef char *koff
+    cdef char *kvalid
+    cdef char *deltas
+    cdef char *hoff = NULL
+    cdef Writer hw = None
+    cdef bint any_null_key = False
+    if count < 0 or count > size:                  # every record takes at least 7 bytes
+        raise KafkaProtocolError("record", 0, f"records count {count} in {size} bytes")
+    c.count = count
+    c.values = PyByteArray_FromStringAndSize(NULL, size)          # shrunk to fit below
+    c.value_offsets = PyByteArray_FromStringAndSize(NULL, 4 * (<Py_ssize_t>count + 1))
+    c.key_offsets = PyByteArray_FromStringAndSize(NULL, 4 * (<Py_ssize_t>count + 1))
+    c.key_validity = PyByteArray_FromStringAndSize(NULL, (<Py_ssize_t>count + 7) // 8)
+    c.event_deltas = PyByteArray_FromStringAndSize(NULL, 4 * <Py_ssize_t>count)
+    vals, voff = _bytearray_ptr(c.values), _bytearray_ptr(c.value_offsets)
+    koff, kvalid = _bytearray_ptr(c.key_offsets), _bytearray_ptr(c.key_validity)
+    deltas = _bytearray_ptr(c.event_deltas)
+    memset(kvalid, 0, (<Py_ssize_t>count + 7) // 8)
+    store_i32(voff, 0)
+    store_i32(koff, 0)
+    c.max_timestamp = base_timestamp
     for i in range(count):
         rlen = _varlong(p, size, &pos)
-        if rlen < 0 or rlen > size - pos:
+        if rlen < 1 or rlen > size - pos:
             raise KafkaProtocolError("record", pos, f"record length {rlen} with {size - pos} bytes left")
         end = pos + rlen
-        if end - pos < 1:
-            raise KafkaProtocolError("record", pos, "empty record")
         pos += 1                                         # record attributes: unused
         ts_delta = _varlong(p, end, &pos)
+        if ts_delta > TIMESTAMP_DELTA_MAX or ts_delta < -TIMESTAMP_DELTA_MAX:
+            raise KafkaProtocolError("record", pos, f"timestamp delta {ts_delta}")
         off_delta = _varlong(p, end, &pos)
         if off_delta != i:
             raise KafkaProtocolError("record", pos, f"offset delta {off_delta} for record {i}")
-        key = _field_bytes(p, end, &pos, True)
-        value = _field_bytes(p, end, &pos, True)
+        kl = _length(p, end, &pos, True)
+        if kl >= 0:
+            if keys == NULL:
+                c.keys = PyByteArray_FromStringAndSize(NULL, size)
+                keys = _bytearray_ptr(c.keys)
+            memcpy(keys + kpos, p + pos, kl)
+            kpos += kl
+            pos += kl
+            kvalid[i >> 3] = <char>(<uint8_t>kvalid[i >> 3] | (1 << (i & 7)))
+        else:
+            any_null_key = True
+        store_i32(koff + 4 * (i + 1), <int32_t>kpos)
+        vl = _length(p, end, &pos, True)
+        if vl > 0:
+            memcpy(vals + vpos, p + pos, vl)
+            vpos += vl
+            pos += vl
+        store_i32(voff + 4 * (i + 1), <int32_t>vpos)
         nh = _varlong(p, end, &pos)
         if nh < 0 or nh > end - pos:
             raise KafkaProtocolError("record", pos, f"header count {nh}")
-        if nh:
-            hl = []
-            for j in range(nh):
-                hk = _field_bytes(p, end, &pos, False)
-                hv = _field_bytes(p, end, &pos, True)
-                try:
-                    hl.append(((<bytes>hk).decode("utf-8"), b"" if hv is None else hv))
-                except UnicodeDecodeError:
-                    raise KafkaProtocolError("record", pos, "header key is not UTF-8") from None
-            headers.append(hl)
-            any_header = True
-        else:
-            headers.append(None)
+        if nh and hw is None:
+            hw = Writer(256)
+            c.header_offsets = PyByteArray_FromStringAndSize(NULL, 4 * (<Py_ssize_t>count + 1))
+            hoff = _bytearray_ptr(c.header_offsets)
+            memset(hoff, 0, 4 * (i + 1))
+        for j in range(nh):
+            kl = _length(p, end, &pos, False)
+            if kl > HEADER_KEY_MAX or not _utf8_valid(<const uint8_t *>p + pos, kl):
+                raise KafkaProtocolError("record", pos, "header key is not UTF-8 of at most 65535 bytes")
+            hw.reserve(6 + kl)
+            store_u16(hw.buf + hw.size, <uint16_t>kl)
+            memcpy(hw.buf + hw.size + 2, p + pos, kl)
+            hw.size += 2 + kl
+            pos += kl
+            vl = _length(p, end, &pos, True)
+            if vl < 0:
+                vl = 0                                   # a null header value is stored empty
+            store_u32(hw.buf + hw.size, <uint32_t>vl)
+            hw.size += 4
+            hw.raw(p + pos, vl)
+            pos += vl
+        if hoff != NULL:
+            store_i32(hoff + 4 * (i + 1), <int32_t>hw.size)
         if pos != end:
             raise KafkaProtocolError("record", pos, f"record {i} has {end - pos} bytes past its fields")
-        if key is not None:
-            any_key = True
-        keys.append(key)
-        values.append(b"" if value is None else value)
-        stamps.append(base_timestamp + ts_delta)
+        ts = base_timestamp + ts_delta
+        if i == 0:
+            first = ts
+            c.max_timestamp = ts
+        delta = ts - first
+        if delta < -0x80000000 or delta > 0x7FFFFFFF:
+            raise KafkaProtocolError("record", pos, "timestamps of one batch span more than 2**31 ms")
+        store_i32(deltas + 4 * i, <int32_t>delta)
+        if ts > c.max_timestamp:
+            c.max_timestamp = ts
     if pos != size:
         raise KafkaProtocolError("record", pos, f"{size - pos} bytes after {count} records")
-    return values, keys if any_key else None, headers if any_header else None, stamps
+    c.first_timestamp = first
+    PyByteArray_Resize(c.values, vpos)
+    if keys == NULL:
+        c.key_offsets = c.key_validity = None
+    else:
+        PyByteArray_Resize(c.keys, kpos)
+        if not any_null_key:
+            c.key_validity = None
+    if hw is not None:
+        c.headers = hw.getvalue()
+    return c
 
 
 cdef int _write_record_bytes(Writer w, object b) except -1:

@@ -117,7 +117,8 @@ def test_oversized_and_malformed_frames_close_only_that_connection(kafka, caplog
     with RawClient(kafka.server.port) as short:
         short.sock.sendall(struct.pack(">i", 100) + b"\x00" * 10)     # then silence: it waits, then we close
     _still_serves(kafka, b"after")
-    assert [m.value for m in __import__("txmq").readonly.open(kafka.path).read("alive", 0, 0)] == \
+    import txmq.readonly
+    assert [m.value for m in txmq.readonly.open(kafka.path).read("alive", 0, 0)] == \
         [b"before", b"after"]
     lines = [r for r in caplog.records if r.name == "txmq.kafka" and "connection closed" in r.getMessage()]
     assert lines and all(r.exc_info is None for r in lines)           # one line each, no traceback

@@ -87,10 +87,72 @@ def test_decodes_kafka_python_batches_in_every_codec(codec):
     raw = _kafka_python_batch(codec=codec, transactional=True, pid=42, epoch=3, seq=10)
     (b,) = records.decode_produce(raw, 1 << 20)
     assert (b.producer_id, b.producer_epoch, b.base_sequence, b.count, b.transactional) == (42, 3, 10, 5, True)
-    assert b.values == [b"value-%d" % i for i in range(5)]
-    assert b.keys == [None, b"k1", None, b"k3", None]
-    assert b.headers[0] == [("h", b"x0"), ("e", b"")] and b.headers[1] is None
-    assert b.timestamps == [1_700_000_000_000 + i for i in range(5)]
+    values, keys, headers, timestamps = b.columns.to_lists()
+    assert values == [b"value-%d" % i for i in range(5)]
+    assert keys == [None, b"k1", None, b"k3", None]
+    assert headers[0] == [("h", b"x0"), ("e", b"")] and headers[1] is None
+    assert timestamps == [1_700_000_000_000 + i for i in range(5)]
+
+
+def test_record_columns_known_bytes():
+    # Two records as librdkafka lays them out: key null / b"k", values b"ab" / b"",
+    # one header ("h", null) on the second, timestamps base+0 / base+300.
+    recs = _kafka.encode_records([(10, None, b"ab", None, 1000), (11, b"k", b"", [("h", None)], 1300)], 10, 1000)
+    c = _kafka.decode_records(recs, 2, 1000)
+    assert bytes(c.values) == b"ab" and bytes(c.value_offsets) == struct.pack("<3i", 0, 2, 2)
+    assert bytes(c.keys) == b"k" and bytes(c.key_offsets) == struct.pack("<3i", 0, 0, 1)
+    assert bytes(c.key_validity) == b"\x02"
+    assert c.headers == b"\x01\x00h\x00\x00\x00\x00"           # u16 key length, key, u32 value length
+    assert bytes(c.header_offsets) == struct.pack("<3i", 0, 0, 7)
+    assert bytes(c.event_deltas) == struct.pack("<2i", 0, 300)
+    assert (c.first_timestamp, c.max_timestamp) == (1000, 1300)
+    only_values = _kafka.decode_records(_kafka.encode_records([(0, None, b"v", None, 5)], 0, 5), 1, 5)
+    assert only_values.keys is None and only_values.key_validity is None and only_values.headers is None
+
+
+@pytest.mark.parametrize("key", [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"h\xe2\x82",
+                                 b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", "é".encode(), b"plain"])
+def test_header_keys_must_be_strict_utf8(key):
+    recs = _kafka.encode_records([(0, None, b"v", [(key, b"1")], 5)], 0, 5)
+    try:
+        expected = key.decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(KafkaProtocolError, match="UTF-8"):
+            _kafka.decode_records(recs, 1, 5)
+        return
+    assert _kafka.decode_records(recs, 1, 5).to_lists()[2] == [[(expected, b"1")]]
+
+
+def test_columns_append_and_read_back(tmp_path):
+    import txmq
+    msgs = [(i, None if i % 3 else b"k%d" % i, b"v%d" % i, [("h", b"%d" % i)] if i % 2 else None, 7_000 + 11 * i)
+            for i in range(50)]
+    (b,) = records.decode_produce(records.encode_data_batch(_Info(0, 50, False, -1, -1, -1), msgs), 1 << 20)
+    with txmq.Broker(tmp_path / "d", fsync="never", control_socket=False) as broker:
+        broker.create_topic("t", 1)
+        base = broker.producer("t").append_spec(b.spec(), 0)
+        sub = broker.subscribe("t", "s", initial_position="earliest")
+        got = sub.receive_many(100, timeout=1.0)
+        assert base == 0 and len(got) == 50
+        assert [(m.key, m.value, m.headers, m.event_time) for m in got] == \
+            [(k, v, h or [], ts) for _, k, v, h, ts in msgs]
+
+
+def test_from_columns_refuses_malformed_buffers():
+    from txmq._log import BatchSpec
+    from txmq.errors import InvalidMessageError
+    offs = struct.pack("<3i", 0, 2, 3)
+    assert BatchSpec.from_columns(2, b"abc", offs).count == 2
+    for bad in (struct.pack("<3i", 0, 2, 4), struct.pack("<3i", 1, 2, 3), struct.pack("<3i", 0, 3, 2),
+                struct.pack("<2i", 0, 3)):
+        with pytest.raises(InvalidMessageError):
+            BatchSpec.from_columns(2, b"abc", bad)
+    with pytest.raises(InvalidMessageError, match="header"):
+        BatchSpec.from_columns(2, b"abc", offs, headers=b"\x05\x00h", header_offsets=struct.pack("<3i", 0, 0, 3))
+    with pytest.raises(InvalidMessageError, match="key_validity"):
+        BatchSpec.from_columns(2, b"abc", offs, b"k", struct.pack("<3i", 0, 1, 1), b"")
+    with pytest.raises(InvalidMessageError, match="event_deltas"):
+        BatchSpec.from_columns(2, b"abc", offs, event_deltas=b"\0" * 4)
 
 
 class _Info:
@@ -207,9 +269,11 @@ def test_fuzz_mutated_record_batches():
             crc = _kafka_crc(bytes(raw[21:]))
             raw[17:21] = crc.to_bytes(4, "big")
         try:
-            records.decode_produce(bytes(raw), 1 << 20)
+            batches = records.decode_produce(bytes(raw), 1 << 20)
         except KafkaProtocolError:
-            pass
+            continue
+        for b in batches:                   # columns that decode are always a valid txmq batch
+            assert b.spec().count == b.count
 
 
 def _kafka_crc(data: bytes) -> int:

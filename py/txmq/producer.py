@@ -201,6 +201,17 @@ class Producer:
             offsets[idx] = np.arange(base, base + len(idx), dtype=np.int64)
         return MessageIds(self._topic.name, targets, offsets)
 
+    def append_spec(self, spec: BatchSpec, partition: int, txn=None, sequence: int = -1) -> int:
+        """Append a prepared :class:`~txmq._log.BatchSpec` (for instance
+        ``BatchSpec.from_columns``) to ``partition`` as one batch; return
+        its base offset. The bulk path of front ends that decode messages
+        themselves (the Kafka server); ``txn`` and ``sequence`` (-1: the
+        next) as in :meth:`send_batch`."""
+        self._check_open()
+        if type(sequence) is not int or not -1 <= sequence < SEQUENCE_LIMIT:
+            raise InvalidArgumentError("sequence", sequence, "-1 or an int from 0 to 2**31 - 1")
+        return self._append(self._partition(None, partition), spec, txn, sequence)
+
     def flush(self) -> None:
         """Sends are written when they return; kept for Kafka-style code."""
 

@@ -164,10 +164,8 @@ class DataPath:
             producer = self._plain.get(topic)
             if producer is None or producer._topic is not self.broker._topic(topic):
                 producer = self._plain[topic] = self.broker.producer(topic)
-        sequence = b.base_sequence if b.producer_id >= 0 and b.base_sequence >= 0 else None
-        ids = producer.send_batch(b.values, b.keys, b.headers, b.timestamps, partition=index, txn=txn,
-                                  sequence=sequence)
-        return int(ids.offsets[0])
+        sequence = b.base_sequence if b.producer_id >= 0 and b.base_sequence >= 0 else -1
+        return producer.append_spec(b.spec(), index, txn, sequence)
 
     # -- Fetch ------------------------------------------------------------------------------
 

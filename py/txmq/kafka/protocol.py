@@ -125,9 +125,7 @@ def encode_response(api_key: int, version: int, correlation_id: int, body: dict)
     if api_key != API_VERSIONS_KEY and schema.is_flexible(api_key, version):
         _kafka.write_uvarint(w, 0)             # response header v1: no tagged fields
     _kafka.write_struct(w, body, schema.response(api_key, version))
-    out = bytearray(w.getvalue())
-    out[0:4] = (len(out) - SIZE_BYTES).to_bytes(4, "big")
-    return bytes(out)
+    return w.framed()
 
 
 def api_versions_body(error_code: int = Error.NONE) -> dict:

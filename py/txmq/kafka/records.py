@@ -5,7 +5,9 @@ returns. The byte layout and its checks are in the Cython codec
 
 The mapping (docs/KAFKA.md): a Kafka record's key, value, headers and
 timestamp are a txmq message's key, value, headers and event time; a
-null value is stored as ``b""`` and a null header value as ``b""``. One
+null value is stored as ``b""`` and a null header value as ``b""``. A
+produced batch is decoded into txmq's columns in Cython and appended from
+them (``BatchSpec.from_columns``): no Python object per record. One
 Kafka batch is one txmq batch, so its producer id, epoch and base sequence
 are the txmq batch's, and Kafka offsets are txmq offsets. A txmq COMMIT /
 ABORT marker is returned as Kafka's control batch at its offset.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import gzip
 
 from txmq import _kafka
+from txmq._log import BatchSpec
 from txmq.errors import KafkaProtocolError
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
@@ -112,10 +115,11 @@ def compress(codec: int, data: bytes) -> bytes:
 
 
 class ProducedBatch:
-    """One record batch of a Produce request, decoded."""
+    """One record batch of a Produce request, decoded: its header fields
+    and its records as :class:`txmq._kafka.RecordColumns`."""
 
     __slots__ = ("base_offset", "attributes", "producer_id", "producer_epoch", "base_sequence", "count",
-                 "values", "keys", "headers", "timestamps")
+                 "columns")
 
     @property
     def transactional(self) -> bool:
@@ -125,20 +129,29 @@ class ProducedBatch:
     def control(self) -> bool:
         return bool(self.attributes & _kafka.ATTR_CONTROL)
 
+    def spec(self) -> BatchSpec:
+        """The txmq batch these records become (no per-record Python
+        object: the columns are referenced as they are)."""
+        c = self.columns
+        return BatchSpec.from_columns(c.count, c.values, c.value_offsets, c.keys, c.key_offsets,
+                                      c.key_validity, c.headers, c.header_offsets, c.event_deltas,
+                                      c.first_timestamp)
 
-def decode_produce(records: bytes, max_batch_bytes: int) -> list:
-    """The batches of a Produce partition's ``records``, checked and
-    decompressed (:class:`KafkaProtocolError` when anything fails)."""
+
+def decode_produce(records, max_batch_bytes: int) -> list:
+    """The batches of a Produce partition's ``records`` (bytes-like),
+    checked and decompressed (:class:`KafkaProtocolError` when anything
+    fails)."""
     out = []
     for (base, attrs, _last, base_ts, _max_ts, pid, epoch, seq, count,
          body) in _kafka.decode_batches(records):
         codec = attrs & _kafka.ATTR_COMPRESSION_MASK
         if codec:
-            body = decompress(codec, body, max_batch_bytes)
+            body = decompress(codec, bytes(body), max_batch_bytes)
         b = ProducedBatch()
         b.base_offset, b.attributes, b.producer_id, b.producer_epoch = base, attrs, pid, epoch
         b.base_sequence, b.count = seq, count
-        b.values, b.keys, b.headers, b.timestamps = _kafka.decode_records(body, count, base_ts)
+        b.columns = _kafka.decode_records(body, count, base_ts)
         out.append(b)
     return out
 

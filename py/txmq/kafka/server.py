@@ -18,6 +18,7 @@ line and closes that connection; acknowledged data is never touched.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import os
@@ -91,8 +92,7 @@ class KafkaServer:
             self.loop = loop
             try:
                 self._server = loop.run_until_complete(
-                    asyncio.start_server(self._connection, self.host, self.port, reuse_address=True,
-                                         limit=64 * 1024))
+                    loop.create_server(lambda: Framer(self), self.host, self.port, reuse_address=True))
             except BaseException as e:
                 failure.append(e)
                 ready.set()
@@ -158,17 +158,17 @@ class KafkaServer:
         """Run ``fn(*args)`` in the server's thread pool."""
         return await self.loop.run_in_executor(self._pool, fn, *args)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, framer: "Framer") -> None:
         task = asyncio.current_task()
         self._connections.add(task)
         self.stats["connections"] += 1
-        peer = writer.get_extra_info("peername")
+        peer = framer.transport.get_extra_info("peername")
         conn = Connection(peer)
         try:
-            await self._serve(conn, reader, writer)
+            await self._serve(conn, framer)
         except asyncio.CancelledError:
             pass
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except ConnectionError:
             pass                                    # the client went away: nothing to say
         except KafkaProtocolError as e:
             self.stats["errors"] += 1
@@ -180,31 +180,24 @@ class KafkaServer:
         finally:
             self._connections.discard(task)
             self.handlers.connection_closed(conn)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except Exception:
-                pass
+            framer.transport.close()
 
-    async def _serve(self, conn, reader, writer) -> None:
+    async def _serve(self, conn, framer: "Framer") -> None:
         while True:
             try:
-                head = await asyncio.wait_for(reader.readexactly(protocol.SIZE_BYTES), self.idle_timeout)
+                frame = await asyncio.wait_for(framer.next_frame(), self.idle_timeout)
             except asyncio.TimeoutError:
                 log.info("txmq.kafka: %s: idle for %.0f s, connection closed", _peer(conn.peer),
                          self.idle_timeout)
                 return
-            except asyncio.IncompleteReadError as e:
-                if e.partial:
+            if frame is None:
+                if framer.refused_size is not None:
+                    self.stats["errors"] += 1
+                    log.warning("txmq.kafka: %s: request of %d bytes (limit %d), connection closed",
+                                _peer(conn.peer), framer.refused_size, self.max_request_bytes)
+                elif framer.partial_prefix:
                     log.warning("txmq.kafka: %s: connection closed inside a size prefix", _peer(conn.peer))
                 return
-            size = int.from_bytes(head, "big", signed=True)
-            if size < protocol.HEADER_MIN_BYTES or size > self.max_request_bytes:
-                self.stats["errors"] += 1
-                log.warning("txmq.kafka: %s: request of %d bytes (limit %d), connection closed",
-                            _peer(conn.peer), size, self.max_request_bytes)
-                return
-            frame = await asyncio.wait_for(reader.readexactly(size), self.idle_timeout)
             req = protocol.decode_request(frame)
             conn.client_id = req.client_id
             self.stats["requests"] += 1
@@ -217,8 +210,144 @@ class KafkaServer:
                 if body is None:                   # Produce with acks=0: no answer
                     continue
                 out = protocol.encode_response(req.api_key, req.api_version, req.correlation_id, body)
-            writer.write(out)
-            await writer.drain()
+            await framer.write(out)
+
+
+class Framer(asyncio.BufferedProtocol):
+    """One connection's bytes as request frames, read with no copy in
+    between: the event loop receives straight into the buffers given here.
+
+    A frame is ``size i32`` and ``size`` bytes. Prefixes and small frames
+    land in a staging buffer of ``STAGING_BYTES`` (several small requests
+    per receive); a frame that does not fit gets a buffer of its own, and
+    the rest of it is received into that buffer directly, so a 1 MB
+    Produce reaches the decoder as received. A size outside
+    ``HEADER_MIN_BYTES .. max_request_bytes`` stops reading: the
+    connection's task reports it and closes the connection. Reading pauses
+    while ``QUEUED_FRAMES_MAX`` frames wait (the task answers them in
+    order), and :meth:`write` waits while the transport's buffer is full.
+    """
+
+    STAGING_BYTES = 64 * 1024
+    QUEUED_FRAMES_MAX = 16
+
+    def __init__(self, server: KafkaServer):
+        self.server = server
+        self.transport = None
+        self.refused_size = None          # a size prefix out of bounds
+        self.partial_prefix = False       # the client closed inside a size prefix
+        self._staging = bytearray(self.STAGING_BYTES)
+        self._staged = 0                  # bytes held in _staging
+        self._big = None                  # a frame too large for staging, being received
+        self._big_pos = 0
+        self._frames = collections.deque()
+        self._waiter = None
+        self._closed = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drain_waiter = None
+
+    # -- asyncio.BufferedProtocol ---------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server.loop.create_task(self.server._connection(self))
+
+    def get_buffer(self, sizehint: int):
+        if self._big is not None:
+            return memoryview(self._big)[self._big_pos:]
+        return memoryview(self._staging)[self._staged:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._big is not None:
+            self._big_pos += nbytes
+            if self._big_pos == len(self._big):
+                frame, self._big = self._big, None
+                self._deliver(frame)
+            return
+        self._staged += nbytes
+        self._split()
+
+    def eof_received(self):
+        return False                      # close the transport
+
+    def connection_lost(self, exc) -> None:
+        self._closed = True
+        self.partial_prefix = self._big is None and 0 < self._staged < protocol.SIZE_BYTES
+        self._wake()
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("connection lost"))
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- frames -----------------------------------------------------------------------------------
+
+    def _split(self) -> None:
+        buf, pos, end = self._staging, 0, self._staged
+        while end - pos >= protocol.SIZE_BYTES:
+            size = int.from_bytes(buf[pos:pos + protocol.SIZE_BYTES], "big", signed=True)
+            if size < protocol.HEADER_MIN_BYTES or size > self.server.max_request_bytes:
+                self.refused_size = size
+                self.transport.pause_reading()
+                self._wake()
+                return
+            start = pos + protocol.SIZE_BYTES
+            if end - start >= size:
+                self._deliver(bytes(memoryview(buf)[start:start + size]))
+                pos = start + size
+                continue
+            if protocol.SIZE_BYTES + size > len(buf):
+                big = bytearray(size)
+                big[:end - start] = buf[start:end]
+                self._big, self._big_pos = big, end - start
+                pos = end
+            break
+        if pos:
+            buf[:end - pos] = buf[pos:end]
+            self._staged = end - pos
+
+    def _deliver(self, frame) -> None:
+        self._frames.append(frame)
+        if len(self._frames) >= self.QUEUED_FRAMES_MAX and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_frame(self):
+        """The next request frame (bytes or bytearray, without its size
+        prefix), or None once the connection is closed or refused."""
+        while not self._frames:
+            if self._closed or self.refused_size is not None:
+                return None
+            self._waiter = self.server.loop.create_future()
+            await self._waiter
+        frame = self._frames.popleft()
+        if self._reading_paused and len(self._frames) < self.QUEUED_FRAMES_MAX // 2:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return frame
+
+    async def write(self, data: bytes) -> None:
+        """Send one response, waiting while the transport's buffer is full."""
+        if self._closed:
+            raise ConnectionResetError("connection lost")
+        self.transport.write(data)
+        if self._writing_paused:
+            self._drain_waiter = self.server.loop.create_future()
+            await self._drain_waiter
 
 
 class Connection:
