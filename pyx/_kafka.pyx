@@ -42,9 +42,11 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int8_t, int16_t, int32_t, int64_t
 from libc.string cimport memcpy, memset
 
-from txmq.errors import KafkaProtocolError
+from txmq.errors import CorruptLogError, KafkaProtocolError
 
-from _bytes cimport crc32c, store_i32, store_u16, store_u32, NOGIL_THRESHOLD
+from _bytes cimport (crc32c, store_i32, store_u16, store_u32, load_i16, load_i32, load_i64, load_u16,
+                     load_u32, NOGIL_THRESHOLD)
+cimport _batch_layout as layout
 
 # Field kinds of a compiled schema (txmq.kafka.schema builds them).
 cpdef enum Kind:
@@ -85,6 +87,7 @@ assert RECORDS_OFFSET == 61, RECORDS_OFFSET
 cdef enum:
     C_RECORDS_OFFSET = 61
     C_ATTRIBUTES_OFFSET = 21
+    C_ATTR_TRANSACTIONAL = 0x10
 
 ATTR_COMPRESSION_MASK = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
@@ -430,6 +433,12 @@ cdef class Writer:
 
     def __len__(self):
         return self.size
+
+    def truncate(self, Py_ssize_t size):
+        """Drop everything past ``size`` bytes (an encoded batch that did not fit)."""
+        if not 0 <= size <= self.size:
+            raise ValueError(f"truncate to {size} of {self.size} bytes")
+        self.size = size
 
 
 cdef int _write_value(Writer w, object v, tuple f) except -1:
@@ -904,6 +913,195 @@ def encode_batch(int64_t base_offset, int16_t attributes, int32_t last_offset_de
     memcpy(p + C_RECORDS_OFFSET, PyBytes_AS_STRING(records), n)
     put32(p + 17, crc32c(p + C_ATTRIBUTES_OFFSET, C_RECORDS_OFFSET - C_ATTRIBUTES_OFFSET + n))
     return out
+
+
+cdef inline int _uvarint_size(uint64_t v) noexcept nogil:
+    cdef int n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline int _varlong_size(int64_t v) noexcept nogil:
+    return _uvarint_size((<uint64_t>v << 1) ^ <uint64_t>(v >> 63))
+
+
+cdef inline void _put_uvarint(char **p, uint64_t v) noexcept nogil:
+    while v >= 0x80:
+        p[0][0] = <char>((v & 0x7F) | 0x80)
+        p[0] += 1
+        v >>= 7
+    p[0][0] = <char>v
+    p[0] += 1
+
+
+cdef inline void _put_varlong(char **p, int64_t v) noexcept nogil:
+    _put_uvarint(p, (<uint64_t>v << 1) ^ <uint64_t>(v >> 63))
+
+
+cdef Py_ssize_t _headers_kafka_size(const char *h, Py_ssize_t n, Py_ssize_t *count) noexcept nogil:
+    """Kafka bytes of one message's txmq-encoded headers (``count`` set to
+    how many), or -1 when they do not parse to their end."""
+    cdef Py_ssize_t pos = 0, size = 0, kl
+    cdef uint32_t vl
+    count[0] = 0
+    while pos < n:
+        if n - pos < 6:
+            return -1
+        kl = load_u16(h + pos)
+        if n - pos - 6 < kl:
+            return -1
+        pos += 2 + kl
+        vl = load_u32(h + pos)
+        pos += 4
+        size += _varlong_size(kl) + kl
+        if vl == <uint32_t>0xFFFFFFFF:
+            size += 1                                   # null: length -1
+        else:
+            if <Py_ssize_t>vl > n - pos:
+                return -1
+            size += _varlong_size(vl) + vl
+            pos += vl
+        count[0] += 1
+    return size
+
+
+def encode_stored_batch(Writer w, batch):
+    """Append one txmq data batch — its bytes as stored (``_batch_layout.pxd``),
+    e.g. ``Segment.batch_bytes`` — to ``w`` as one Kafka record batch v2 with
+    the same base offset, producer id, epoch, base sequence and
+    transactional bit, computing its CRC-32C. Keys, values, headers and
+    event times go straight from the stored columns to records, with no
+    Python object per message. Returns the bytes appended; a batch whose
+    offsets leave their sections raises
+    :class:`txmq.errors.CorruptLogError`."""
+    cdef const unsigned char[::1] view = batch
+    cdef Py_ssize_t blen = view.shape[0]
+    if blen < layout.HEADER_SIZE:
+        raise CorruptLogError("batch", 0, f"{blen} bytes: shorter than a batch header")
+    cdef const char *p = <const char *>&view[0]
+    cdef int32_t count = load_i32(p + layout.COUNT_OFFSET), i
+    cdef uint16_t flags = load_u16(p + layout.FLAGS_OFFSET)
+    cdef uint32_t header_bytes = load_u32(p + layout.HEADER_BYTES_OFFSET)
+    cdef layout.Sections s
+    cdef int64_t first_et = load_i64(p + layout.FIRST_EVENT_TIME_OFFSET), base_ts, max_ts, ts
+    cdef int32_t d, dmin, dmax, ks, ke, vs, ve, hs = 0, he = 0, key_bytes, value_bytes
+    cdef Py_ssize_t total = 0, body, start = w.size, hsize, hcount, kl, j, hpos
+    cdef uint32_t hvl
+    cdef bint null_key
+    cdef char *out
+    cdef char *rec
+    if count < 1 or flags & layout.FLAG_CONTROL:
+        raise CorruptLogError("batch", 0, "not a data batch")
+    s = layout.sections_of(count, flags, header_bytes, 0, 0)
+    if s.keys > blen:
+        raise CorruptLogError("batch", 0, "offsets past the batch end")
+    key_bytes = load_i32(p + s.key_offsets + 4 * count)
+    value_bytes = load_i32(p + s.value_offsets + 4 * count)
+    s = layout.sections_of(count, flags, header_bytes, key_bytes, value_bytes)
+    if key_bytes < 0 or value_bytes < 0 or s.end != blen:
+        raise CorruptLogError("batch", 0, f"sections end at {s.end}, batch length is {blen}")
+    dmin = dmax = load_i32(p + s.event_deltas)
+    for i in range(1, count):
+        d = load_i32(p + s.event_deltas + 4 * i)
+        if d < dmin:
+            dmin = d
+        if d > dmax:
+            dmax = d
+    base_ts, max_ts = first_et + dmin, first_et + dmax
+    # First pass: every record's size, so the batch is written in one go.
+    for i in range(count):
+        null_key = (flags & layout.FLAG_NULL_KEYS) and not (<uint8_t>p[s.validity + (i >> 3)] & (1 << (i & 7)))
+        ks, ke = load_i32(p + s.key_offsets + 4 * i), load_i32(p + s.key_offsets + 4 * i + 4)
+        vs, ve = load_i32(p + s.value_offsets + 4 * i), load_i32(p + s.value_offsets + 4 * i + 4)
+        if not (0 <= ks <= ke <= key_bytes and 0 <= vs <= ve <= value_bytes):
+            raise CorruptLogError("batch", 0, f"message {i}: offsets outside their sections")
+        hcount = 0
+        hsize = 0
+        if flags & layout.FLAG_HEADERS:
+            hs, he = load_i32(p + s.header_offsets + 4 * i), load_i32(p + s.header_offsets + 4 * i + 4)
+            if not (0 <= hs <= he <= <int32_t>header_bytes):
+                raise CorruptLogError("batch", 0, f"message {i}: headers outside their section")
+            hsize = _headers_kafka_size(p + s.headers + hs, he - hs, &hcount)
+            if hsize < 0:
+                raise CorruptLogError("batch", 0, f"message {i}: headers do not parse")
+        ts = first_et + load_i32(p + s.event_deltas + 4 * i)
+        body = (1 + _varlong_size(ts - base_ts) + _varlong_size(i)
+                + (1 if null_key else _varlong_size(ke - ks) + (ke - ks))
+                + _varlong_size(ve - vs) + (ve - vs) + _varlong_size(hcount) + hsize)
+        total += _varlong_size(body) + body
+    w.reserve(C_RECORDS_OFFSET + total)
+    out = w.buf + start
+    rec = out + C_RECORDS_OFFSET
+    for i in range(count):
+        null_key = (flags & layout.FLAG_NULL_KEYS) and not (<uint8_t>p[s.validity + (i >> 3)] & (1 << (i & 7)))
+        ks, ke = load_i32(p + s.key_offsets + 4 * i), load_i32(p + s.key_offsets + 4 * i + 4)
+        vs, ve = load_i32(p + s.value_offsets + 4 * i), load_i32(p + s.value_offsets + 4 * i + 4)
+        hcount = 0
+        hsize = 0
+        if flags & layout.FLAG_HEADERS:
+            hs, he = load_i32(p + s.header_offsets + 4 * i), load_i32(p + s.header_offsets + 4 * i + 4)
+            hsize = _headers_kafka_size(p + s.headers + hs, he - hs, &hcount)
+        ts = first_et + load_i32(p + s.event_deltas + 4 * i)
+        body = (1 + _varlong_size(ts - base_ts) + _varlong_size(i)
+                + (1 if null_key else _varlong_size(ke - ks) + (ke - ks))
+                + _varlong_size(ve - vs) + (ve - vs) + _varlong_size(hcount) + hsize)
+        _put_varlong(&rec, body)
+        rec[0] = 0                                       # record attributes
+        rec += 1
+        _put_varlong(&rec, ts - base_ts)
+        _put_varlong(&rec, i)
+        if null_key:
+            _put_varlong(&rec, -1)
+        else:
+            _put_varlong(&rec, ke - ks)
+            memcpy(rec, p + s.keys + ks, ke - ks)
+            rec += ke - ks
+        _put_varlong(&rec, ve - vs)
+        memcpy(rec, p + s.values + vs, ve - vs)
+        rec += ve - vs
+        _put_varlong(&rec, hcount)
+        hpos = s.headers + hs
+        for j in range(hcount):
+            kl = load_u16(p + hpos)
+            _put_varlong(&rec, kl)
+            memcpy(rec, p + hpos + 2, kl)
+            rec += kl
+            hpos += 2 + kl
+            hvl = load_u32(p + hpos)
+            hpos += 4
+            if hvl == <uint32_t>0xFFFFFFFF:
+                _put_varlong(&rec, -1)
+            else:
+                _put_varlong(&rec, hvl)
+                memcpy(rec, p + hpos, hvl)
+                rec += hvl
+                hpos += hvl
+    put64(out, <uint64_t>load_i64(p + layout.BASE_OFFSET_OFFSET))
+    put32(out + 8, <uint32_t>(C_RECORDS_OFFSET - 12 + total))
+    put32(out + 12, 0)
+    out[16] = MAGIC_V2
+    put16(out + 21, <uint16_t>(C_ATTR_TRANSACTIONAL if flags & layout.FLAG_TRANSACTIONAL else 0))
+    put32(out + 23, <uint32_t>(count - 1))
+    put64(out + 27, <uint64_t>base_ts)
+    put64(out + 35, <uint64_t>max_ts)
+    put64(out + 43, <uint64_t>load_i64(p + layout.PRODUCER_ID_OFFSET))
+    put16(out + 51, <uint16_t>load_i16(p + layout.PRODUCER_EPOCH_OFFSET))
+    put32(out + 53, <uint32_t>load_i32(p + layout.BASE_SEQUENCE_OFFSET))
+    put32(out + 57, <uint32_t>count)
+    if total >= NOGIL_THRESHOLD:
+        with nogil:
+            put32(out + 17, crc32c(out + C_ATTRIBUTES_OFFSET, C_RECORDS_OFFSET - C_ATTRIBUTES_OFFSET + total))
+    else:
+        put32(out + 17, crc32c(out + C_ATTRIBUTES_OFFSET, C_RECORDS_OFFSET - C_ATTRIBUTES_OFFSET + total))
+    w.size = start + C_RECORDS_OFFSET + total
+    return C_RECORDS_OFFSET + total
+
+
+def write_bytes(Writer w, b):
+    """Append bytes-like ``b`` to ``w`` as they are."""
+    w.data(b)
 
 
 def encode_control_batch(int64_t offset, int64_t producer_id, int16_t producer_epoch, bint commit,

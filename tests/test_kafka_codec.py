@@ -181,6 +181,30 @@ def test_encoded_batches_read_by_kafka_python():
     assert rec.key == b"\x00\x00\x00\x00"                # version 0, type 0: ABORT
 
 
+def test_stored_batches_encoded_straight_from_the_log_read_by_kafka_python(tmp_path):
+    import txmq
+    with txmq.Broker(tmp_path / "d", fsync="never", control_socket=False) as broker:
+        broker.create_topic("t", 1)
+        prod = broker.producer("t")
+        prod.send(b"first", partition=0)
+        keys = [None if i % 3 else b"k%d" % i for i in range(40)]
+        headers = [[("h", b"%d" % i), ("n", None)] if i % 2 else None for i in range(40)]
+        stamps = [5_000 - 7 * i if i % 5 else 5_000 + i for i in range(40)]     # not in order
+        prod.send_batch([b"v%d" % i for i in range(40)], keys, headers, stamps, partition=0)
+        p = broker._partition("t", 0)
+        seg, pos = p.segment_for(1)
+        w = _kafka.Writer()
+        _kafka.write_bytes(w, b"prefix")
+        n = _kafka.encode_stored_batch(w, seg.batch_bytes(pos))
+        raw = w.getvalue()
+        assert raw[:6] == b"prefix" and len(raw) == 6 + n
+        batch = kafka_records.DefaultRecordBatch(raw[6:])
+        assert batch.validate_crc() and batch.base_offset == 1 and not batch.is_transactional
+        assert (batch.producer_id, batch.base_sequence) == (prod.producer_id, 1)
+        got = [(r.offset, r.key, r.value, list(r.headers), r.timestamp) for r in batch]
+        assert got == [(1 + i, keys[i], b"v%d" % i, headers[i] or [], stamps[i]) for i in range(40)]
+
+
 def test_batch_checks_refuse_bad_crc_magic_and_counts():
     raw = bytearray(_kafka_python_batch())
     good = bytes(raw)

@@ -25,6 +25,7 @@ from txmq.errors import (BrokerClosedError, ConcurrentTransactionsError, Duplica
                          InvalidMessageError, InvalidTxnStateError, KafkaProtocolError, MessageTooLargeError,
                          OutOfOrderSequenceError, PartitionNotFoundError, ProducerFencedError,
                          TopicNotFoundError, TransactionTimeoutError, InvalidTopicNameError)
+from txmq import _kafka
 from txmq.kafka import records
 from txmq.kafka.protocol import Error
 from txmq.producer import Producer
@@ -34,6 +35,7 @@ log = logging.getLogger("txmq.kafka")
 READ_COMMITTED = 1
 EARLIEST, LATEST = -2, -1
 MARKER_COMMIT = FLAG["marker_commit"]
+FETCH_BUFFER_BYTES = 4 * 1024 * 1024     # initial size of a partition's fetch buffer; it grows
 
 
 class ProduceRefused(Exception):
@@ -239,29 +241,27 @@ class DataPath:
             answer["error_code"] = Error.OFFSET_OUT_OF_RANGE
             return answer
         end = lso if committed else hw
-        chunks, size, sent = [], 0, []        # sent: (base offset, producer id) of transactional data
+        out = _kafka.Writer(min(budget, FETCH_BUFFER_BYTES) + 1024)
+        sent = []                              # (base offset, producer id) of transactional data sent
         seg, pos = p.segment_for(offset)
         last = offset
         while seg is not None:
             info = seg.batch_at(pos)
-            if info.base_offset >= end or (chunks and size >= budget):
+            if info.base_offset >= end or (len(out) and len(out) >= budget):
                 break
             if info.is_control:
-                chunk = records.encode_marker(info, bool(info.flags & MARKER_COMMIT))
-            elif committed and p.never_delivered(info, True):
-                chunk = None                       # aborted data: never sent read_committed
-            else:
-                chunk = records.encode_data_batch(info, seg.messages(pos, info.base_offset, info.count))
+                _kafka.write_bytes(out, records.encode_marker(info, bool(info.flags & MARKER_COMMIT)))
+            elif not (committed and p.never_delivered(info, True)):   # aborted data: never sent read_committed
+                before = len(out)
+                _kafka.encode_stored_batch(out, seg.batch_bytes(pos))
+                if before and len(out) > budget:
+                    out.truncate(before)           # whole batches only: it goes in the next fetch
+                    break
                 if info.is_transactional:
                     sent.append((info.base_offset, info.producer_id))
-            if chunk is not None:
-                if chunks and size + len(chunk) > budget:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
             last = info.next_offset
             seg, pos = p.next_batch(seg, pos)
-        answer["records"] = b"".join(chunks)
+        answer["records"] = out.getvalue()
         if committed:
             aborted = self.broker.aborted_transactions(p.topic, p.index, offset, max(last, offset)) \
                 if last > offset else []
