@@ -440,8 +440,11 @@ class Broker:
         ``server.stop()`` stops it; :meth:`close` stops every server first.
         ``options``: ``advertised_host``, ``auto_create_topics`` (default
         True), ``default_partitions`` (1), ``max_request_bytes`` (100 MiB),
-        ``idle_timeout`` (600 s). Raises ``OSError`` when the address
-        cannot be bound."""
+        ``idle_timeout`` (600 s), ``users_file`` (None: no authentication;
+        a path: SASL PLAIN / SCRAM-SHA-256 and topic ACLs from that JSON
+        file, docs/KAFKA.md). Raises ``OSError`` when the address cannot be
+        bound, :class:`~txmq.errors.KafkaUsersFileError` for a bad users
+        file."""
         self._check_open()
         from txmq.kafka.server import KafkaServer
         server = KafkaServer(self, host, port, **options)

@@ -346,3 +346,14 @@ class KafkaProtocolError(TxmqError, ValueError):
         self.position = int(position)
         self.reason = reason
         super().__init__(f"kafka {what} at byte {self.position}: {reason}")
+
+
+class KafkaUsersFileError(TxmqError, ValueError):
+    """The users file of the Kafka server (SASL credentials and topic ACLs,
+    docs/KAFKA.md) cannot be read or does not follow its format; ``path``
+    is the file, ``reason`` what is wrong."""
+
+    def __init__(self, path, reason: str):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"users file {self.path}: {reason}")

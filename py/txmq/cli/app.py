@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=1, help="partitions of a topic created on first use (default 1)")
     p.add_argument("--no-auto-create", action="store_true",
                    help="refuse unknown topics instead of creating them on first use")
+    p.add_argument("--users", metavar="FILE",
+                   help="require SASL (PLAIN, SCRAM-SHA-256) with these users and apply their topic ACLs "
+                        "(JSON, docs/KAFKA.md)")
     p.set_defaults(run=serve.serve)
 
     p = sub.add_parser("bench", parents=both, help="run the benchmarks of bench/ and print their ratios")

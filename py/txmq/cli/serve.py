@@ -14,6 +14,7 @@ import sys
 import threading
 
 from txmq.cli import exits, opening
+from txmq.errors import KafkaUsersFileError
 
 DEFAULT_KAFKA = "127.0.0.1:9092"
 
@@ -29,6 +30,12 @@ def parse_address(text: str) -> tuple:
 
 def serve(args) -> int:
     host, port = parse_address(args.kafka)
+    if args.users is not None:
+        from txmq.kafka.auth import Users
+        try:
+            Users.load(args.users)            # a bad file is refused before the directory is opened
+        except KafkaUsersFileError as e:
+            raise exits.CliError(str(e)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     broker = opening.open_for_writing(args.dir, args.progress, create=True)
     stop = threading.Event()
@@ -37,11 +44,12 @@ def serve(args) -> int:
         try:
             server = broker.serve_kafka(host, port, advertised_host=args.advertised_host,
                                         auto_create_topics=not args.no_auto_create,
-                                        default_partitions=args.partitions)
+                                        default_partitions=args.partitions, users_file=args.users)
         except OSError as e:
             raise exits.CliError(f"cannot listen on {host}:{port}: {e.strerror or e}", exits.REFUSED) from None
+        auth = f", SASL with {len(server.users.users)} users" if server.users is not None else ""
         print(f"txmq: serving {broker.path} over Kafka's protocol on {host}:{server.port} "
-              f"(fsync={broker.fsync}); Ctrl-C stops", file=sys.stderr, flush=True)
+              f"(fsync={broker.fsync}{auth}); Ctrl-C stops", file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             pass
         server.stop()

@@ -106,7 +106,7 @@ class DataPath:
         for t in topics:
             name = t["name"]
             parts = []
-            ready = self.server.handlers.topic_ready(name, conn, write=True)
+            ready = self.server.handlers.topic_ready(name, conn, op="write")
             for pd in t["partition_data"]:
                 index = pd["index"]
                 answer = {"index": index, "error_code": Error.NONE, "base_offset": -1,
@@ -215,7 +215,7 @@ class DataPath:
         answer = {"partition_index": index, "error_code": Error.NONE, "high_watermark": -1,
                   "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                   "preferred_read_replica": -1, "records": b""}
-        code = self.server.handlers.topic_ready(topic, conn, write=False, create=False)
+        code = self.server.handlers.topic_ready(topic, conn, op="read", create=False)
         if code != Error.NONE:
             answer["error_code"] = code
             return answer
@@ -292,7 +292,7 @@ class DataPath:
         out = []
         for t in topics:
             name = t["name"]
-            code = self.server.handlers.topic_ready(name, conn, write=False, create=False)
+            code = self.server.handlers.topic_ready(name, conn, op="describe", create=False)
             parts = []
             for req in t["partitions"]:
                 answer = {"partition_index": req["partition_index"], "error_code": code, "timestamp": -1,

@@ -354,7 +354,7 @@ class Groups:
         out = []
         for t in topics:
             name = t["name"]
-            code = self.server.handlers.topic_ready(name, conn, write=False, create=False)
+            code = self.server.handlers.topic_ready(name, conn, op="read", create=False)
             if code == Error.NONE:
                 code = self.server.handlers.group_allowed(conn, group_id)
             parts = []
@@ -388,10 +388,11 @@ class Groups:
         return {"throttle_time_ms": 0, "topics": topics, "error_code": Error.NONE}
 
     def _fetch_all(self, conn, group_id: str, topics, require_stable: bool) -> list:
-        if topics is None:                     # every topic the group has offsets on
+        may = self.server.handlers.may
+        if topics is None:                     # every topic the group has offsets on (that the user sees)
             topics = []
             for name in self.broker.topics():
-                if group_id in self.broker.subscriptions(name):
+                if group_id in self.broker.subscriptions(name) and may(conn, name, "describe"):
                     n = len(self.broker._topic(name).partitions)
                     topics.append({"name": name, "partition_indexes": list(range(n))})
         out = []
@@ -403,10 +404,13 @@ class Groups:
             except (SubscriptionNotFoundError, TopicNotFoundError, InvalidTopicNameError):
                 sub = None
             pending = sub.pending_txns() if (sub is not None and require_stable) else ()
+            denied = not may(conn, name, "describe")
             for index in t["partition_indexes"]:
                 answer = {"partition_index": index, "committed_offset": -1, "committed_leader_epoch": -1,
                           "metadata": "", "error_code": Error.NONE}
-                if sub is not None:
+                if denied:
+                    answer["error_code"] = Error.TOPIC_AUTHORIZATION_FAILED
+                elif sub is not None:
                     if 0 <= index < len(sub.lanes):
                         if pending:
                             answer["error_code"] = Error.UNSTABLE_OFFSET_COMMIT

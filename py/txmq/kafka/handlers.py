@@ -1,5 +1,7 @@
 """Dispatch of decoded requests, and the cluster-level APIs: ApiVersions,
-Metadata, FindCoordinator, CreateTopics, DeleteTopics, DescribeConfigs.
+Metadata, FindCoordinator, CreateTopics, DeleteTopics, DescribeConfigs,
+SaslHandshake / SaslAuthenticate, and the topic access checks every
+handler makes (the ACLs of a users file, txmq.kafka.auth).
 
 txmq is one node: node id 0 at the server's advertised address leads
 every partition, is the only replica, the controller, and the coordinator
@@ -51,6 +53,7 @@ class Handlers:
             k["OffsetFetch"]: self.groups.offset_fetch, k["InitProducerId"]: self.txns.init_producer_id,
             k["AddPartitionsToTxn"]: self.txns.add_partitions, k["AddOffsetsToTxn"]: self.txns.add_offsets,
             k["TxnOffsetCommit"]: self.txns.txn_offset_commit, k["EndTxn"]: self.txns.end_txn,
+            k["SaslHandshake"]: self.sasl_handshake, k["SaslAuthenticate"]: self.sasl_authenticate,
         }
         assert set(self.table) == set(protocol.SUPPORTED_KEYS), "every advertised API has a handler"
 
@@ -69,18 +72,28 @@ class Handlers:
     def connection_closed(self, conn) -> None:
         self.groups.connection_closed(conn)
 
-    # -- access (every request is allowed unless authentication says otherwise) ---------------
+    # -- access: every request is allowed unless a users file says otherwise (auth.py) ------------
 
-    def topic_ready(self, name: str, conn, *, write: bool, create: bool = True) -> int:
-        """NONE when ``name`` exists (creating it when allowed and asked),
-        else the error to answer. Runs in the thread pool."""
+    def may(self, conn, name: str, op: str) -> bool:
+        """May the connection's user do ``op`` (read / write / describe) on
+        topic ``name``? Always, without a users file."""
+        users = self.server.users
+        return users is None or users.allowed(conn.user, name, op)
+
+    def topic_ready(self, name: str, conn, *, op: str, create: bool = True) -> int:
+        """NONE when ``name`` exists and the user may ``op`` it (creating it
+        when allowed and asked: creation needs ``write``), else the error
+        to answer. Runs in the thread pool."""
         try:
             check_topic_name(name)
         except InvalidTopicNameError:
             return Error.INVALID_TOPIC_EXCEPTION
+        if not self.may(conn, name, op):
+            return Error.TOPIC_AUTHORIZATION_FAILED
         if name in self.broker._topics:
             return Error.NONE
-        if create and self.server.auto_create_topics and not name.startswith(INTERNAL_PREFIX):
+        if create and self.server.auto_create_topics and not name.startswith(INTERNAL_PREFIX) \
+                and self.may(conn, name, "write"):
             try:
                 self.broker.create_topic(name, self.server.default_partitions)
                 log.info("txmq.kafka: created topic %s (%d partitions) on first use", name,
@@ -96,6 +109,42 @@ class Handlers:
     def transactional_id_allowed(self, conn, transactional_id: str) -> int:
         return Error.NONE
 
+    # -- SaslHandshake / SaslAuthenticate ------------------------------------------------------
+
+    async def sasl_handshake(self, conn, version: int, body: dict) -> dict:
+        users = self.server.users
+        mechanisms = [] if users is None else users.mechanisms()
+        if conn.user is not None or conn.sasl is not None:
+            conn.close_after = "SaslHandshake twice"
+            return {"error_code": Error.ILLEGAL_SASL_STATE, "mechanisms": mechanisms}
+        if body["mechanism"] not in mechanisms:
+            return {"error_code": Error.UNSUPPORTED_SASL_MECHANISM, "mechanisms": mechanisms}
+        conn.sasl = body["mechanism"]
+        return {"error_code": Error.NONE, "mechanisms": mechanisms}
+
+    async def sasl_authenticate(self, conn, version: int, body: dict) -> dict:
+        from txmq.kafka.auth import PLAIN, AuthenticationFailed, ScramExchange
+        answer = {"error_code": Error.NONE, "error_message": None, "auth_bytes": b"", "session_lifetime_ms": 0}
+        users = self.server.users
+        if users is None or conn.sasl is None or conn.user is not None:
+            conn.close_after = "SaslAuthenticate without a SaslHandshake"
+            return dict(answer, error_code=Error.ILLEGAL_SASL_STATE, error_message="SaslHandshake first")
+        try:
+            if conn.sasl == PLAIN:
+                conn.user = await self.server.blocking(users.plain, body["auth_bytes"])
+            else:
+                if not isinstance(conn.sasl, ScramExchange):
+                    conn.sasl = users.scram()
+                # Each step hashes (the server's key work is at load time): off the loop all the same.
+                answer["auth_bytes"] = await self.server.blocking(conn.sasl.step, body["auth_bytes"])
+                conn.user = conn.sasl.user
+        except AuthenticationFailed as e:
+            conn.close_after = f"SASL: {e}"
+            return dict(answer, error_code=Error.SASL_AUTHENTICATION_FAILED, error_message=str(e))
+        if conn.user is not None:
+            log.info("txmq.kafka: %s: authenticated as %s", conn.where, conn.user.name)
+        return answer
+
     # -- ApiVersions / Metadata / FindCoordinator ---------------------------------------------
 
     async def api_versions(self, conn, version: int, body: dict) -> dict:
@@ -110,7 +159,8 @@ class Handlers:
     def _metadata(self, conn, version: int, body: dict) -> dict:
         wanted = body["topics"]
         if wanted is None or (version == 0 and not wanted):
-            names = self.broker.topics()
+            # Every topic the user may see (Kafka leaves out the others).
+            names = [n for n in self.broker.topics() if self.may(conn, n, "describe")]
         else:
             names = [t["name"] for t in wanted]
         auto = body.get("allow_auto_topic_creation", True) if version >= 4 else True
@@ -123,7 +173,7 @@ class Handlers:
                 entry.update(error_code=Error.UNKNOWN_TOPIC_OR_PARTITION, name="")
                 topics.append(entry)
                 continue
-            code = self.topic_ready(name, conn, write=False, create=auto and wanted is not None)
+            code = self.topic_ready(name, conn, op="describe", create=auto and wanted is not None)
             entry["error_code"] = code
             if code == Error.NONE:
                 try:
@@ -160,7 +210,9 @@ class Handlers:
             answer = {"name": name, "topic_id": bytes(16), "error_code": Error.NONE, "error_message": None,
                       "num_partitions": n, "replication_factor": 1, "configs": []}
             settings, problem = _topic_settings(t["configs"])
-            if problem:
+            if not self.may(conn, name, "write"):
+                answer.update(error_code=Error.TOPIC_AUTHORIZATION_FAILED, error_message=f"may not create {name}")
+            elif problem:
                 answer.update(error_code=Error.INVALID_CONFIG, error_message=problem)
             elif t["replication_factor"] not in (-1, 1):
                 answer.update(error_code=Error.INVALID_REPLICATION_FACTOR,
@@ -191,6 +243,10 @@ class Handlers:
             try:
                 if name is None or name.startswith(INTERNAL_PREFIX):
                     raise TopicNotFoundError(name)
+                if not self.may(conn, name, "write"):
+                    answer.update(error_code=Error.TOPIC_AUTHORIZATION_FAILED, error_message=f"may not delete {name}")
+                    out.append(answer)
+                    continue
                 self.broker.delete_topic(name, force=True)
             except (TopicNotFoundError, InvalidTopicNameError):
                 answer["error_code"] = Error.UNKNOWN_TOPIC_OR_PARTITION
@@ -207,7 +263,10 @@ class Handlers:
         for r in body["resources"]:
             answer = {"error_code": Error.NONE, "error_message": None, "resource_type": r["resource_type"],
                       "resource_name": r["resource_name"], "configs": []}
-            if r["resource_type"] == RESOURCE_TOPIC:
+            if r["resource_type"] == RESOURCE_TOPIC and not self.may(conn, r["resource_name"], "describe"):
+                answer.update(error_code=Error.TOPIC_AUTHORIZATION_FAILED, error_message="not authorized")
+                configs = {}
+            elif r["resource_type"] == RESOURCE_TOPIC:
                 try:
                     configs = self._topic_configs(r["resource_name"])
                 except (TopicNotFoundError, InvalidTopicNameError):

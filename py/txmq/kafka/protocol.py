@@ -39,9 +39,15 @@ SUPPORTED = {
     "EndTxn": (0, 4),
     "TxnOffsetCommit": (0, 3),
     "DescribeConfigs": (0, 4),
+    "SaslHandshake": (1, 1),
+    "SaslAuthenticate": (0, 2),
 }
 SUPPORTED_KEYS = {schema.API_KEYS[name]: r for name, r in SUPPORTED.items()}
 API_VERSIONS_KEY = schema.API_KEYS["ApiVersions"]
+SASL_HANDSHAKE_KEY = schema.API_KEYS["SaslHandshake"]
+SASL_AUTHENTICATE_KEY = schema.API_KEYS["SaslAuthenticate"]
+# What a connection may send before it has authenticated (with a users file).
+BEFORE_AUTHENTICATION = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 PRODUCE_KEY = schema.API_KEYS["Produce"]
 
 SIZE_BYTES = 4

@@ -35,6 +35,7 @@ DEFAULT_PORT = 9092
 MAX_REQUEST_BYTES = 100 * 1024 * 1024      # Kafka's socket.request.max.bytes
 IDLE_TIMEOUT = 600.0                       # Kafka's connections.max.idle.ms
 BLOCKING_THREADS = 4
+FAILED_AUTHENTICATION_DELAY = 0.1          # s, Kafka's connection.failed.authentication.delay.ms
 
 
 class KafkaServer:
@@ -46,13 +47,16 @@ class KafkaServer:
     clients are told to connect to (default: ``host``, or 127.0.0.1 for a
     wildcard bind). ``auto_create_topics`` creates a topic a client
     produces to or asks metadata for (Kafka's default) with
-    ``default_partitions`` partitions.
+    ``default_partitions`` partitions. ``users_file`` turns on SASL
+    (PLAIN, SCRAM-SHA-256) and per-user topic ACLs (:mod:`txmq.kafka.auth`):
+    a connection must then authenticate before any request but ApiVersions.
     """
 
     def __init__(self, broker, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  advertised_host: str | None = None, auto_create_topics: bool = True,
                  default_partitions: int = 1, max_request_bytes: int = MAX_REQUEST_BYTES,
-                 idle_timeout: float = IDLE_TIMEOUT):
+                 idle_timeout: float = IDLE_TIMEOUT, users_file=None):
+        from txmq.kafka.auth import Users
         from txmq.kafka.handlers import Handlers
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgumentError("port", port, "an int from 0 to 65535")
@@ -68,6 +72,7 @@ class KafkaServer:
         self.default_partitions = default_partitions
         self.max_request_bytes = max_request_bytes
         self.idle_timeout = idle_timeout
+        self.users = None if users_file is None else Users.load(users_file)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="txmq-kafka")
         self._server = None
@@ -201,6 +206,11 @@ class KafkaServer:
             req = protocol.decode_request(frame)
             conn.client_id = req.client_id
             self.stats["requests"] += 1
+            if self.users is not None and conn.user is None and req.api_key not in protocol.BEFORE_AUTHENTICATION:
+                self.stats["errors"] += 1
+                log.warning("txmq.kafka: %s: api key %d before authenticating (SASL is required), "
+                            "connection closed", _peer(conn.peer), req.api_key)
+                return
             if req.body is None:
                 out = protocol.unsupported_response(req)
                 log.info("txmq.kafka: %s: api key %d version %d not served: UNSUPPORTED_VERSION",
@@ -211,6 +221,12 @@ class KafkaServer:
                     continue
                 out = protocol.encode_response(req.api_key, req.api_version, req.correlation_id, body)
             await framer.write(out)
+            if conn.close_after:                   # a failed authentication: answered, then closed
+                log.warning("txmq.kafka: %s: %s; connection closed", _peer(conn.peer), conn.close_after)
+                # As Kafka's connection.failed.authentication.delay.ms: the client reads the
+                # answer before the close, and password guessing slows down.
+                await asyncio.sleep(FAILED_AUTHENTICATION_DELAY)
+                return
 
 
 class Framer(asyncio.BufferedProtocol):
@@ -353,13 +369,20 @@ class Framer(asyncio.BufferedProtocol):
 class Connection:
     """What the server knows of one client connection."""
 
-    __slots__ = ("peer", "client_id", "opened", "user")
+    __slots__ = ("peer", "client_id", "opened", "user", "sasl", "close_after")
 
     def __init__(self, peer):
         self.peer = peer
         self.client_id = None
         self.opened = time.monotonic()
-        self.user = None
+        self.user = None                  # the authenticated txmq.kafka.auth.User
+        self.sasl = None                  # the mechanism chosen by SaslHandshake, then its exchange
+        self.close_after = None           # why to close once the current answer is sent
+
+    @property
+    def where(self) -> str:
+        """The peer as ``host:port``, for log lines."""
+        return _peer(self.peer)
 
 
 def _peer(peer) -> str:

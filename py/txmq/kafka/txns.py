@@ -142,7 +142,7 @@ class Transactions:
                 name = t["name"]
                 tcode = code
                 if tcode == Error.NONE:
-                    tcode = self.server.handlers.topic_ready(name, conn, write=True, create=False)
+                    tcode = self.server.handlers.topic_ready(name, conn, op="write", create=False)
                 parts = []
                 for index in t["partitions"]:
                     pcode = tcode
@@ -203,8 +203,11 @@ class Transactions:
             for t in body["topics"]:
                 name = t["name"]
                 parts = []
+                tcode = code
+                if tcode == Error.NONE and not self.server.handlers.may(conn, name, "read"):
+                    tcode = Error.TOPIC_AUTHORIZATION_FAILED
                 for p in t["partitions"]:
-                    pcode = code
+                    pcode = tcode
                     if pcode == Error.NONE:
                         pcode = self._ack_in_txn(s, name, gid, p["partition_index"], p["committed_offset"])
                     parts.append({"partition_index": p["partition_index"], "error_code": pcode})
