@@ -29,7 +29,11 @@
 #              i32 event_time_delta[count]    padded to 8
 #              key bytes                      padded to 8
 #              value bytes                    padded to 8
+#
+# One message's encoded headers, back to back, each:
+#   u16 key length, key (UTF-8), u32 value length (0xFFFFFFFF: null value), value
 from libc.stdint cimport uint16_t, int32_t, int64_t, uint32_t
+from libc.string cimport memcpy
 from _bytes cimport align8
 
 cdef enum:
@@ -99,3 +103,42 @@ cdef inline Sections sections_of(int32_t count, uint16_t flags, Py_ssize_t heade
     s.values = s.keys + align8(key_bytes)
     s.end = s.values + align8(value_bytes)
     return s
+
+
+cdef enum:
+    HEADER_KEY_LENGTH_BYTES = 2
+    HEADER_VALUE_LENGTH_BYTES = 4
+    HEADER_FIXED_BYTES = HEADER_KEY_LENGTH_BYTES + HEADER_VALUE_LENGTH_BYTES
+
+
+cdef struct HeaderSpan:
+    Py_ssize_t key          # offset of the key in the message's encoded headers
+    Py_ssize_t key_len
+    Py_ssize_t value        # offset of the value
+    Py_ssize_t value_len    # -1: a null value
+
+
+cdef inline Py_ssize_t next_header(const char *p, Py_ssize_t n, Py_ssize_t pos, HeaderSpan *h) noexcept nogil:
+    """Read the header at ``pos`` of one message's encoded headers (``n``
+    bytes at ``p``) into ``h``; the position after it, or -1 when it does
+    not fit in the ``n`` bytes. The only parser of this encoding."""
+    cdef uint16_t kl
+    cdef uint32_t vl
+    if n - pos < HEADER_FIXED_BYTES:
+        return -1
+    memcpy(&kl, p + pos, 2)
+    if n - pos - HEADER_FIXED_BYTES < kl:
+        return -1
+    h.key = pos + HEADER_KEY_LENGTH_BYTES
+    h.key_len = kl
+    pos = h.key + kl
+    memcpy(&vl, p + pos, 4)
+    pos += HEADER_VALUE_LENGTH_BYTES
+    h.value = pos
+    if vl == <uint32_t>0xFFFFFFFF:
+        h.value_len = -1
+        return pos
+    if <Py_ssize_t>vl > n - pos:
+        return -1
+    h.value_len = vl
+    return pos + vl

@@ -1,7 +1,9 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """Kafka wire-protocol codec: request / response bodies and record batch v2.
 
-Everything here is big-endian, as Kafka's protocol is.
+Everything on Kafka's side is big-endian, as its protocol is; what this
+module builds for txmq (record columns) and reads from txmq (stored
+batches, ``_batch_layout.pxd``) is little-endian, as txmq's formats are.
 
 **Bodies** are read and written by a schema interpreter. A compiled struct
 (built by ``txmq.kafka.schema`` from the generated ``schema_data``) is a
@@ -31,6 +33,12 @@ fields: ``uvarint count, count x (uvarint tag, uvarint size, value)``.
 A control record (COMMIT / ABORT marker) has key ``version i16 = 0, type
 i16`` (0 abort, 1 commit) and value ``version i16 = 0, coordinatorEpoch
 i32``.
+
+**Between the two**: :func:`decode_records` turns a produced batch's
+records into :class:`RecordColumns`, the columns of a txmq batch (layout
+below, above the function), in one pass with no Python object per record;
+:func:`encode_stored_batch` turns a stored txmq batch back into one record
+batch v2 the same way, for Fetch.
 
 Every read goes through ``Reader._need`` (or the record reader's own
 check), which raises :class:`txmq.errors.KafkaProtocolError`; so Cython's
@@ -811,16 +819,16 @@ def decode_records(records, int32_t count, int64_t base_timestamp):
             kl = _length(p, end, &pos, False)
             if kl > HEADER_KEY_MAX or not _utf8_valid(<const uint8_t *>p + pos, kl):
                 raise KafkaProtocolError("record", pos, "header key is not UTF-8 of at most 65535 bytes")
-            hw.reserve(6 + kl)
+            hw.reserve(layout.HEADER_FIXED_BYTES + kl)
             store_u16(hw.buf + hw.size, <uint16_t>kl)
-            memcpy(hw.buf + hw.size + 2, p + pos, kl)
-            hw.size += 2 + kl
+            memcpy(hw.buf + hw.size + layout.HEADER_KEY_LENGTH_BYTES, p + pos, kl)
+            hw.size += layout.HEADER_KEY_LENGTH_BYTES + kl
             pos += kl
             vl = _length(p, end, &pos, True)
             if vl < 0:
                 vl = 0                                   # a null header value is stored empty
             store_u32(hw.buf + hw.size, <uint32_t>vl)
-            hw.size += 4
+            hw.size += layout.HEADER_VALUE_LENGTH_BYTES
             hw.raw(p + pos, vl)
             pos += vl
         if hoff != NULL:
@@ -943,26 +951,15 @@ cdef inline void _put_varlong(char **p, int64_t v) noexcept nogil:
 cdef Py_ssize_t _headers_kafka_size(const char *h, Py_ssize_t n, Py_ssize_t *count) noexcept nogil:
     """Kafka bytes of one message's txmq-encoded headers (``count`` set to
     how many), or -1 when they do not parse to their end."""
-    cdef Py_ssize_t pos = 0, size = 0, kl
-    cdef uint32_t vl
+    cdef Py_ssize_t pos = 0, size = 0
+    cdef layout.HeaderSpan span
     count[0] = 0
     while pos < n:
-        if n - pos < 6:
+        pos = layout.next_header(h, n, pos, &span)
+        if pos < 0:
             return -1
-        kl = load_u16(h + pos)
-        if n - pos - 6 < kl:
-            return -1
-        pos += 2 + kl
-        vl = load_u32(h + pos)
-        pos += 4
-        size += _varlong_size(kl) + kl
-        if vl == <uint32_t>0xFFFFFFFF:
-            size += 1                                   # null: length -1
-        else:
-            if <Py_ssize_t>vl > n - pos:
-                return -1
-            size += _varlong_size(vl) + vl
-            pos += vl
+        size += _varlong_size(span.key_len) + span.key_len
+        size += 1 if span.value_len < 0 else _varlong_size(span.value_len) + span.value_len
         count[0] += 1
     return size
 
@@ -987,8 +984,8 @@ def encode_stored_batch(Writer w, batch):
     cdef layout.Sections s
     cdef int64_t first_et = load_i64(p + layout.FIRST_EVENT_TIME_OFFSET), base_ts, max_ts, ts
     cdef int32_t d, dmin, dmax, ks, ke, vs, ve, hs = 0, he = 0, key_bytes, value_bytes
-    cdef Py_ssize_t total = 0, body, start = w.size, hsize, hcount, kl, j, hpos
-    cdef uint32_t hvl
+    cdef Py_ssize_t total = 0, body, start = w.size, hsize, hcount, j, hpos
+    cdef layout.HeaderSpan span
     cdef bint null_key
     cdef char *out
     cdef char *rec
@@ -1062,22 +1059,16 @@ def encode_stored_batch(Writer w, batch):
         memcpy(rec, p + s.values + vs, ve - vs)
         rec += ve - vs
         _put_varlong(&rec, hcount)
-        hpos = s.headers + hs
+        hpos = 0
         for j in range(hcount):
-            kl = load_u16(p + hpos)
-            _put_varlong(&rec, kl)
-            memcpy(rec, p + hpos + 2, kl)
-            rec += kl
-            hpos += 2 + kl
-            hvl = load_u32(p + hpos)
-            hpos += 4
-            if hvl == <uint32_t>0xFFFFFFFF:
-                _put_varlong(&rec, -1)
-            else:
-                _put_varlong(&rec, hvl)
-                memcpy(rec, p + hpos, hvl)
-                rec += hvl
-                hpos += hvl
+            hpos = layout.next_header(p + s.headers + hs, he - hs, hpos, &span)
+            _put_varlong(&rec, span.key_len)
+            memcpy(rec, p + s.headers + hs + span.key, span.key_len)
+            rec += span.key_len
+            _put_varlong(&rec, span.value_len)               # -1: null
+            if span.value_len > 0:
+                memcpy(rec, p + s.headers + hs + span.value, span.value_len)
+                rec += span.value_len
     put64(out, <uint64_t>load_i64(p + layout.BASE_OFFSET_OFFSET))
     put32(out + 8, <uint32_t>(C_RECORDS_OFFSET - 12 + total))
     put32(out + 12, 0)

@@ -715,22 +715,12 @@ cdef Py_ssize_t _check_offsets(const int32_t[::1] off, Py_ssize_t n, Py_ssize_t 
 
 cdef bint _headers_well_formed(const char *p, Py_ssize_t n) noexcept:
     """One message's encoded headers parse exactly to their end."""
-    cdef Py_ssize_t pos = 0, kl
-    cdef uint32_t vl
+    cdef Py_ssize_t pos = 0
+    cdef HeaderSpan h
     while pos < n:
-        if n - pos < 6:
+        pos = next_header(p, n, pos, &h)
+        if pos < 0:
             return False
-        kl = load_u16(p + pos)
-        if n - pos - 2 - 4 < kl:
-            return False
-        pos += 2 + kl
-        vl = load_u32(p + pos)
-        pos += 4
-        if vl == 0xFFFFFFFF:
-            continue
-        if <Py_ssize_t>vl > n - pos:
-            return False
-        pos += vl
     return True
 
 
@@ -828,28 +818,15 @@ def encode_headers(h):
 
 cdef list decode_headers(const char *p, Py_ssize_t n):
     """Inverse of encode_headers; raises ValueError on malformed input."""
-    cdef Py_ssize_t pos = 0, kl, vl
-    cdef uint32_t raw
+    cdef Py_ssize_t pos = 0
+    cdef HeaderSpan h
     out = []
     while pos < n:
-        if pos + 2 > n:
-            raise ValueError("header key length past the end")
-        kl = load_u16(p + pos)
-        pos += 2
-        if pos + kl + 4 > n:
-            raise ValueError("header key past the end")
-        k = p[pos:pos + kl].decode("utf-8", "replace")
-        pos += kl
-        raw = load_u32(p + pos)
-        pos += 4
-        if raw == 0xFFFFFFFF:
-            out.append((k, None))
-            continue
-        vl = raw
-        if pos + vl > n:
-            raise ValueError("header value past the end")
-        out.append((k, PyBytes_FromStringAndSize(p + pos, vl)))
-        pos += vl
+        pos = next_header(p, n, pos, &h)
+        if pos < 0:
+            raise ValueError("header past the end")
+        k = p[h.key:h.key + h.key_len].decode("utf-8", "replace")
+        out.append((k, None if h.value_len < 0 else PyBytes_FromStringAndSize(p + h.value, h.value_len)))
     return out
 
 

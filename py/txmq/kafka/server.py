@@ -1,5 +1,7 @@
 """The Kafka protocol server: asyncio (uvloop where installed) in a thread
-of its own, in front of one :class:`txmq.Broker`.
+of its own, in front of one :class:`txmq.Broker`. Each connection's bytes
+are cut into request frames by :class:`Framer`, which receives a large
+request straight into a buffer of its own.
 
 Each connection reads one request at a time and answers it before reading
 the next, as a Kafka broker does (a client pipelines; the answers keep its
