@@ -364,9 +364,10 @@ class _PartitionReader:
         if key == self._aborted_key:
             return self._aborted
         aborted = AbortSet()
-        for name in os.listdir(self.path):
-            if not name.endswith(TXNINDEX_SUFFIX):
-                continue
+        # In segment order, so the set is in marker order (listdir's is arbitrary).
+        names = sorted((n for n in os.listdir(self.path) if n.endswith(TXNINDEX_SUFFIX)),
+                       key=lambda n: int(n[:-len(TXNINDEX_SUFFIX)]))
+        for name in names:
             try:
                 with builtin_open(os.path.join(self.path, name), "rb") as f:
                     raw = f.read()
