@@ -148,12 +148,12 @@ COMPARISONS.append(Comparison(
 GROUPS["ctp_never"].append(COMPARISONS[-1])
 
 
-def add_comparison(group: str, comparison: Comparison) -> None:
-    """Register the comparison a benchmark module feeds (called when the
-    module is imported; importing it twice adds it once)."""
+def add_comparison(group: str, *comparisons: Comparison) -> None:
+    """Register the comparisons a benchmark module's group feeds (called
+    when the module is imported; importing it twice adds them once)."""
     if group not in GROUPS:
-        COMPARISONS.append(comparison)
-        GROUPS[group] = [comparison]
+        COMPARISONS.extend(comparisons)
+        GROUPS[group] = list(comparisons)
 
 
 class Results:

@@ -20,9 +20,10 @@ the pieces once. Decoding works on a pointer into a mapped segment and a
 
 Bounds: every batch is checked by ``check_batch`` before it is decoded, and
 every slice a decoder takes is checked against its section (a message's
-encoded headers are read through ``_reader.Reader``, which names the file
-position of a header field that runs past them), so this module turns off
-Cython's own checks.
+encoded headers are parsed by ``next_header`` of ``_batch_layout.pxd``, the
+one parser of that encoding, over the bytes a ``_reader.Reader`` holds; a
+header field that runs past them is reported by the reader at its file
+position), so this module turns off Cython's own checks.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE, PyBytes_Check, PyBytes_CheckExact
 from cpython.list cimport PyList_GET_ITEM
@@ -143,6 +144,97 @@ cdef class BatchSpec:
         if headers is not None:
             self._set_headers(headers)
         self._set_event_times(event_times, default_event_time)
+
+    @staticmethod
+    def from_columns(int32_t count, values, value_offsets, keys=None, key_offsets=None,
+                     key_validity=None, headers=None, header_offsets=None, event_deltas=None,
+                     int64_t first_event_time=0):
+        """A batch from columns already laid out as txmq stores them, so a
+        front end that decodes messages in bulk (the Kafka server) appends
+        them with no Python object per message. Every buffer is bytes-like
+        and little-endian, and is referenced, not copied, until the batch is
+        written:
+
+        - ``values``: the value bytes back to back; ``value_offsets``:
+          int32[count + 1] from 0 to ``len(values)``, non-decreasing.
+        - ``keys`` / ``key_offsets``: the same for keys, or both None when
+          every key is null; ``key_validity``: a bitmap (bit i, LSB first,
+          set when message i has a key) when some keys are null, else None.
+        - ``headers``: every message's headers in txmq's encoding (see
+          :func:`encode_headers`) back to back, with ``header_offsets``
+          int32[count + 1]; both None when no message has headers.
+        - ``event_deltas``: int32[count], each message's event time minus
+          ``first_event_time``; None gives every message the publish time.
+
+        Each buffer is checked (sizes, offsets, the header encoding) in one
+        pass without Python objects; a malformed one raises
+        :class:`~txmq.errors.InvalidMessageError`.
+        """
+        from txmq.errors import InvalidMessageError
+        cdef BatchSpec s = BatchSpec.__new__(BatchSpec)
+        cdef const int32_t[::1] voff, koff, hoff, deltas
+        cdef const uint8_t[::1] hblob
+        cdef Py_ssize_t i, n, biggest = 0, m
+        cdef int32_t dmax = -0x7FFFFFFF - 1
+        s._check_count(count)
+        n = count
+        s.count = count
+        s.columns = (values, value_offsets, keys, key_offsets, key_validity, headers, header_offsets,
+                     event_deltas)
+        voff = _int32_column(value_offsets, n + 1, "value_offsets")
+        s.v_data = _byte_column(values)
+        s.value_arrow = values
+        s.v_offsets = <const char *>&voff[0]
+        s.value_bytes = _check_offsets(voff, n, len(values), "value_offsets")
+        if keys is None:
+            if key_offsets is not None or key_validity is not None:
+                raise InvalidMessageError("key_offsets / key_validity (no keys given)", key_offsets)
+            s.content_flags |= FLAG_NULL_KEYS
+            for i in range(n):
+                m = voff[i + 1] - voff[i]
+                if m > biggest:
+                    biggest = m
+        else:
+            koff = _int32_column(key_offsets, n + 1, "key_offsets")
+            s.k_data = _byte_column(keys)
+            s.key_arrow = keys
+            s.k_offsets = <const char *>&koff[0]
+            s.key_bytes = _check_offsets(koff, n, len(keys), "key_offsets")
+            if key_validity is not None:
+                s.k_valid = _byte_column(key_validity)
+                if len(key_validity) < (n + 7) // 8:
+                    raise InvalidMessageError(f"key_validity (expected {(n + 7) // 8} bytes)", len(key_validity))
+                s.content_flags |= FLAG_NULL_KEYS
+            for i in range(n):
+                m = voff[i + 1] - voff[i] + koff[i + 1] - koff[i]
+                if m > biggest:
+                    biggest = m
+        s.max_message_bytes = biggest
+        if headers is not None:
+            hoff = _int32_column(header_offsets, n + 1, "header_offsets")
+            blob = bytes(headers)
+            hblob = blob
+            s.header_bytes = _check_offsets(hoff, n, len(blob), "header_offsets")
+            for i in range(n):
+                if not _headers_well_formed(<const char *>&hblob[0] + hoff[i], hoff[i + 1] - hoff[i]):
+                    raise InvalidMessageError(f"headers of message {i} (not txmq's header encoding)", i)
+            if s.header_bytes:
+                s.content_flags |= FLAG_HEADERS
+                s.header_blob = blob
+                s.header_offsets = memoryview(header_offsets).cast("B").cast("i")
+        elif header_offsets is not None:
+            raise InvalidMessageError("header_offsets (no headers given)", header_offsets)
+        if event_deltas is None:
+            s.event_time_is_publish_time = True
+        else:
+            deltas = _int32_column(event_deltas, n, "event_deltas")
+            for i in range(n):
+                if deltas[i] > dmax:
+                    dmax = deltas[i]
+            s.first_event_time = first_event_time
+            s.max_event_time = first_event_time + dmax
+            s.event_deltas = memoryview(event_deltas).cast("B").cast("i")
+        return s
 
     cdef _check_count(self, Py_ssize_t n):
         if n < 1:
@@ -421,6 +513,50 @@ cdef class BatchSpec:
 cdef const char *ZEROS = b"\0\0\0\0\0\0\0\0"
 
 
+cdef object _byte_column(object buf):
+    """A byte view of ``buf`` that is never empty (an empty column points
+    at a zero byte that nothing reads)."""
+    view = memoryview(buf).cast("B")
+    if view.nbytes == 0:
+        return memoryview(b"\0")
+    return view
+
+
+cdef const int32_t[::1] _int32_column(object buf, Py_ssize_t n, str what) except *:
+    from txmq.errors import InvalidMessageError
+    if buf is None:
+        raise InvalidMessageError(f"{what} (missing)", None)
+    view = memoryview(buf).cast("B")
+    if view.nbytes != 4 * n:
+        raise InvalidMessageError(f"{what} (expected {4 * n} bytes)", view.nbytes)
+    if n == 0:
+        return memoryview(b"\0\0\0\0").cast("i")
+    return view.cast("i")
+
+
+cdef Py_ssize_t _check_offsets(const int32_t[::1] off, Py_ssize_t n, Py_ssize_t size, str what) except -1:
+    """Offsets from 0, non-decreasing, ending at ``size``; returns ``size``."""
+    from txmq.errors import InvalidMessageError
+    cdef Py_ssize_t i
+    if off[0] != 0 or off[n] != size:
+        raise InvalidMessageError(f"{what} (expected 0 .. {size})", (off[0], off[n]))
+    for i in range(n):
+        if off[i + 1] < off[i]:
+            raise InvalidMessageError(f"{what} (decreasing at {i})", (off[i], off[i + 1]))
+    return size
+
+
+cdef bint _headers_well_formed(const char *p, Py_ssize_t n) noexcept:
+    """One message's encoded headers parse exactly to their end."""
+    cdef Py_ssize_t pos = 0
+    cdef HeaderSpan h
+    while pos < n:
+        pos = next_header(p, n, pos, &h)
+        if pos < 0:
+            return False
+    return True
+
+
 cdef inline void _iov_add(iovec *iov, Py_ssize_t *n, const char *p, Py_ssize_t length) noexcept:
     if length > 0:
         iov[n[0]].iov_base = <void *>p
@@ -500,20 +636,20 @@ def encode_headers(h):
 
 cdef list _decode_headers(Reader r):
     """Inverse of encode_headers, over the bytes ``r`` reads (one message's
-    headers); the reader's error at the first bad byte."""
-    cdef Py_ssize_t kl
-    cdef uint32_t raw
-    cdef const char *at
+    headers), parsed by ``next_header`` (``_batch_layout.pxd``, the one
+    parser of the encoding); a field that does not fit raises the reader's
+    error at that field's first byte."""
+    cdef HeaderSpan h
+    cdef Py_ssize_t nxt
     out = []
     while r.pos < r.end:
-        kl = load_u16(r.take(2))
-        at = r.take(kl)
-        k = at[:kl].decode("utf-8", "replace")
-        raw = load_u32(r.take(4))
-        if raw == 0xFFFFFFFF:
-            out.append((k, None))
-            continue
-        out.append((k, PyBytes_FromStringAndSize(r.take(raw), raw)))
+        nxt = next_header(r.p, r.end, r.pos, &h)
+        if nxt < 0:
+            r.pos = h.short_at
+            r._short(h.short_need)
+        k = (r.p + h.key)[:h.key_len].decode("utf-8", "replace")
+        out.append((k, None if h.value_len < 0 else PyBytes_FromStringAndSize(r.p + h.value, h.value_len)))
+        r.pos = nxt
     return out
 
 

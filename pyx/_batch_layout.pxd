@@ -29,7 +29,11 @@
 #              i32 event_time_delta[count]    padded to 8
 #              key bytes                      padded to 8
 #              value bytes                    padded to 8
+#
+# One message's encoded headers, back to back, each:
+#   u16 key length, key (UTF-8), u32 value length (0xFFFFFFFF: null value), value
 from libc.stdint cimport uint16_t, int32_t, int64_t, uint32_t
+from libc.string cimport memcpy
 from _bytes cimport align8
 
 cdef enum:
@@ -99,3 +103,60 @@ cdef inline Sections sections_of(int32_t count, uint16_t flags, Py_ssize_t heade
     s.values = s.keys + align8(key_bytes)
     s.end = s.values + align8(value_bytes)
     return s
+
+
+cdef enum:
+    HEADER_KEY_LENGTH_BYTES = 2
+    HEADER_VALUE_LENGTH_BYTES = 4
+    HEADER_FIXED_BYTES = HEADER_KEY_LENGTH_BYTES + HEADER_VALUE_LENGTH_BYTES
+
+
+cdef struct HeaderSpan:
+    # What next_header read, as offsets into one message's encoded headers.
+    Py_ssize_t key          # the key's first byte
+    Py_ssize_t key_len
+    Py_ssize_t value        # the value's first byte
+    Py_ssize_t value_len    # -1: a null value
+    # When next_header fails: the field that does not fit in the bytes
+    # given (its first byte, and the bytes it needs), which is where a
+    # decoder reports the damage (txmq._reader.Reader does the same).
+    Py_ssize_t short_at
+    Py_ssize_t short_need
+
+
+cdef inline Py_ssize_t _header_short(HeaderSpan *h, Py_ssize_t at, Py_ssize_t need) noexcept nogil:
+    h.short_at = at
+    h.short_need = need
+    return -1
+
+
+cdef inline Py_ssize_t next_header(const char *p, Py_ssize_t n, Py_ssize_t pos, HeaderSpan *h) noexcept nogil:
+    """Read the header at ``pos`` of one message's encoded headers (``n``
+    bytes at ``p``) into ``h``; the position after it, or -1 when a field
+    does not fit in the ``n`` bytes (``h.short_at`` / ``h.short_need`` say
+    which). The only parser of this encoding: the batch decoder (which
+    reports a failure through its Reader), BatchSpec.from_columns' check
+    and the Kafka Fetch encoder all read headers through it."""
+    cdef uint16_t kl
+    cdef uint32_t vl
+    if n - pos < HEADER_KEY_LENGTH_BYTES:
+        return _header_short(h, pos, HEADER_KEY_LENGTH_BYTES)
+    memcpy(&kl, p + pos, HEADER_KEY_LENGTH_BYTES)
+    pos += HEADER_KEY_LENGTH_BYTES
+    if n - pos < kl:
+        return _header_short(h, pos, kl)
+    h.key = pos
+    h.key_len = kl
+    pos += kl
+    if n - pos < HEADER_VALUE_LENGTH_BYTES:
+        return _header_short(h, pos, HEADER_VALUE_LENGTH_BYTES)
+    memcpy(&vl, p + pos, HEADER_VALUE_LENGTH_BYTES)
+    pos += HEADER_VALUE_LENGTH_BYTES
+    h.value = pos
+    if vl == <uint32_t>0xFFFFFFFF:
+        h.value_len = -1
+        return pos
+    if <Py_ssize_t>vl > n - pos:
+        return _header_short(h, pos, vl)
+    h.value_len = vl
+    return pos + vl

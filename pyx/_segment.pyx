@@ -568,6 +568,19 @@ cdef class Segment:
         return decode_batch(self.mapping.base + pos, s, self.path, pos, from_offset, limit, id_type,
                             topic, partition, txn_id, as_messages)
 
+    def batch_bytes(self, Py_ssize_t pos):
+        """The checked batch at ``pos``, all of it, as a read-only
+        memoryview of the mapping (no copy): front ends that re-encode
+        whole batches read it. The view holds the mapping, which is not
+        unmapped while it lives."""
+        self._pin()
+        try:
+            self._checked(pos)
+            length = load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            return memoryview(self.mapping)[pos:pos + length]
+        finally:
+            self.mapping.unpin()
+
     def arrow_buffers(self, Py_ssize_t pos):
         self._pin()
         try:

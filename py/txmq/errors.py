@@ -335,3 +335,27 @@ class RequestInterruptedError(TxmqError):
         self.op = op
         super().__init__(f"the owner of {self.path} went away during {op!r}: its outcome is unknown "
                          f"(pass sink=(key, batch id) to make the request safe to repeat)")
+
+
+class KafkaProtocolError(TxmqError, ValueError):
+    """Bytes received over the Kafka protocol do not decode: a truncated or
+    malformed request, or a record batch that fails its checks (magic,
+    length, CRC-32C, record count). ``what`` names the part, ``position``
+    is the byte offset in it where decoding stopped."""
+
+    def __init__(self, what: str, position: int, reason: str):
+        self.what = what
+        self.position = int(position)
+        self.reason = reason
+        super().__init__(f"kafka {what} at byte {self.position}: {reason}")
+
+
+class KafkaUsersFileError(TxmqError, ValueError):
+    """The users file of the Kafka server (SASL credentials and topic ACLs,
+    docs/KAFKA.md) cannot be read or does not follow its format; ``path``
+    is the file, ``reason`` what is wrong."""
+
+    def __init__(self, path, reason: str):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"users file {self.path}: {reason}")

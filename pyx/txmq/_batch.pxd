@@ -32,8 +32,9 @@ cdef class BatchSpec:
     cdef bint v_large, k_large
     cdef Py_ssize_t v_base, k_base, k_bit_offset
     cdef bytes header_blob
-    cdef object header_offsets   # np.int32 array
-    cdef object event_deltas     # np.int32 array or None
+    cdef object header_offsets   # int32 buffer (np.int32 array or a memoryview cast to "i")
+    cdef object event_deltas     # the same, or None
+    cdef object columns          # from_columns: the buffers the pointers above point into
 
     cdef int encode(self, Pieces *out, uint16_t flags, int64_t base_offset, uint64_t txn_hi,
                     uint64_t txn_lo, int64_t producer_id, int16_t producer_epoch,

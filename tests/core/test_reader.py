@@ -283,6 +283,49 @@ def test_batch_headers_that_do_not_parse_are_reported_at_their_byte(tmp_path):
     seg.close()
 
 
+# Each field of the header encoding cut short by a wrong length before it:
+# (offset of the u16 / u32 patched in the message's encoded headers, its
+# format, the value written, offset of the field reported, bytes it needs).
+# The headers are {"key": b"value", "k2": b"v"}: 14 + 9 bytes.
+HEADER_CUTS = {
+    "key": (0, "<H", 30, 2, 30),                 # a key longer than the headers
+    "value length": (0, "<H", 19, 21, 4),        # the key leaves 2 bytes for the value length
+    "value": (5, "<I", 1000, 9, 1000),           # a value longer than the headers
+    "key length": (5, "<I", 13, 22, 2),          # the value leaves 1 byte of the next key length
+}
+
+
+@pytest.mark.parametrize("cut", sorted(HEADER_CUTS))
+def test_every_header_field_cut_short_is_reported_at_its_first_byte(tmp_path, cut):
+    """Headers are parsed by next_header (_batch_layout.pxd) alone; where a
+    field does not fit, the batch decoder reports that field's first byte
+    and the bytes it needs, as the reader does for any read."""
+    from txmq._batch import BatchSpec, encode_headers
+    from txmq._crc32c import crc32c_of
+    from txmq._segment import Segment
+    at, fmt, value, field, need = HEADER_CUTS[cut]
+    path = tmp_path / "00000000000000000000.log"
+    seg = Segment(path, 0, 1 << 16, True)
+    seg.recover(0, 0)
+    seg.append(BatchSpec([b"a", b"b"], headers=[None, [("key", b"value"), ("k2", b"v")]]), publish_time=1)
+    length = seg.size
+    seg.close()
+    raw = bytearray(path.read_bytes()[:length])
+    blob = encode_headers([("key", b"value"), ("k2", b"v")])
+    start = raw.index(blob)
+    struct.pack_into(fmt, raw, start + at, value)
+    struct.pack_into("<I", raw, 8, crc32c_of(raw[12:length], crc32c_of(raw[4:8])))
+    path.write_bytes(bytes(raw))
+    seg = Segment(path, 0, 0, False)
+    assert seg.recover(0, 0) is None                # the CRC passes
+    with pytest.raises(CorruptLogError) as e:
+        seg.messages(0)
+    assert (e.value.path, e.value.position) == (str(path), start + field)
+    assert e.value.reason == (f"headers of offset 1: ends at byte {start + len(blob)} "
+                              f"({need} bytes needed from byte {start + field})")
+    seg.close()
+
+
 # -- no payload makes a decoder crash, hang or report outside its frame ---------------------
 
 DECODERS = {

@@ -154,6 +154,7 @@ class Broker:
         self._producer_ids = None
         self._half = None
         self._control = None
+        self._kafka_servers: list = []
         self._named_live: dict = {}        # (topic, name) -> the live Producer instance
         self._tid_live: dict = {}          # transactional id -> the live TransactionalProducer
         self._tid_lock = threading.Lock()
@@ -423,6 +424,41 @@ class Broker:
         with self._tid_lock:
             if self._tid_live.get(tp.transactional_id) is tp:
                 del self._tid_live[tp.transactional_id]
+
+    def allocate_producer_id(self) -> int:
+        """A producer id never handed out before in this data directory
+        (from the persistent counter that every producer's id comes from):
+        what a Kafka idempotent producer's InitProducerId gets."""
+        self._check_open()
+        return self._producer_ids.allocate()
+
+    def serve_kafka(self, host: str = "127.0.0.1", port: int = 9092, **options):
+        """Serve this broker over Kafka's wire protocol (docs/KAFKA.md) in a
+        background thread; returns the running :class:`txmq.kafka.KafkaServer`
+        (``.port`` is the bound port: pass ``port=0`` for a free one).
+        ``server.stop()`` stops it; :meth:`close` stops every server first.
+        ``options``: ``advertised_host``, ``auto_create_topics`` (default
+        True), ``default_partitions`` (1), ``max_request_bytes`` (100 MiB),
+        ``idle_timeout`` (600 s), ``users_file`` (None: no authentication;
+        a path: SASL PLAIN / SCRAM-SHA-256 and topic ACLs from that JSON
+        file, docs/KAFKA.md). Raises ``OSError`` when the address cannot be
+        bound, :class:`~txmq.errors.KafkaUsersFileError` for a bad users
+        file."""
+        self._check_open()
+        from txmq.kafka.server import KafkaServer
+        server = KafkaServer(self, host, port, **options)
+        with self._lock:
+            self._kafka_servers.append(server)
+        try:
+            return server.start()
+        except BaseException:
+            self._kafka_server_stopped(server)
+            raise
+
+    def _kafka_server_stopped(self, server) -> None:
+        with self._lock:
+            if server in self._kafka_servers:
+                self._kafka_servers.remove(server)
 
     def half_producer(self, topic: str, group: str, checker=None) -> HalfProducer:
         """A producer of half messages (RocketMQ's transactional messages)
@@ -771,6 +807,8 @@ class Broker:
             if self._closed:
                 return
             self._closed = True
+        for server in list(self._kafka_servers):
+            server.stop()
         if self._control is not None:
             self._control.close()
         self._scheduler.stop()

@@ -9,7 +9,7 @@ import sys
 
 import txmq
 
-from txmq.cli import admin, bench, bench_gate, check, consume, exits, produce
+from txmq.cli import admin, bench, bench_gate, check, consume, exits, produce, serve
 from txmq.cli.demo import demo
 from txmq.demo.scenarios import MIN_SIZE as demo_min_size
 from txmq.demo.scenarios import parse_size as parse_demo_size
@@ -217,6 +217,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first restore the topic.json of topic folders that lost it but hold partition data "
                         "(needs the directory free, else exit 3); then check")
     p.set_defaults(run=check.check)
+
+    p = sub.add_parser("serve", parents=[progress],
+                       help="hold DIR as its owner and serve it over Kafka's protocol (docs/KAFKA.md)")
+    data_dir(p)
+    p.add_argument("--kafka", metavar="HOST:PORT", default=serve.DEFAULT_KAFKA,
+                   help=f"address to listen on (default {serve.DEFAULT_KAFKA}; 0.0.0.0:PORT for every interface)")
+    p.add_argument("--advertised-host", metavar="HOST",
+                   help="the host clients are told to connect to (default: the listening host)")
+    p.add_argument("--partitions", type=_number(int, lambda n: 1 <= n <= 10000, "an int from 1 to 10000"),
+                   default=1, help="partitions of a topic created on first use (default 1)")
+    p.add_argument("--no-auto-create", action="store_true",
+                   help="refuse unknown topics instead of creating them on first use")
+    p.add_argument("--users", metavar="FILE",
+                   help="require SASL (PLAIN, SCRAM-SHA-256) with these users and apply their topic ACLs "
+                        "(JSON, docs/KAFKA.md)")
+    p.set_defaults(run=serve.serve)
 
     p = sub.add_parser("bench", parents=both, help="run the benchmarks of bench/ and print their ratios")
     p.add_argument("--bench-dir", help="the benchmarks' directory (default: ./bench or the source tree's)")

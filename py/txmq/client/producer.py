@@ -222,6 +222,24 @@ class Producer:
             self._check_open()    # name what closed: this producer, the broker, or the topic (deleted)
             raise
 
+    def append_spec(self, spec: BatchSpec, partition: int, txn=None, sequence: int = -1) -> int:
+        """Append a prepared :class:`~txmq._batch.BatchSpec` (for instance
+        ``BatchSpec.from_columns``) to ``partition`` as one batch; return
+        its base offset. The bulk path of front ends that decode messages
+        themselves (the Kafka server); ``txn`` and ``sequence`` (-1: the
+        next) as in :meth:`send_batch`."""
+        self._check_open()
+        if type(spec) is not BatchSpec:
+            raise InvalidArgumentError("spec", spec, "a BatchSpec")
+        if type(sequence) is not int or not -1 <= sequence < SEQUENCE_LIMIT:
+            raise InvalidArgumentError("sequence", sequence, "-1 or an int from 0 to 2**31 - 1")
+        p = self._partition(None, partition)
+        try:
+            return self._append(p, spec, txn, sequence)
+        except BrokerClosedError:
+            self._check_open()    # name what closed: this producer, the broker, or the topic (deleted)
+            raise
+
     def flush(self) -> None:
         """Sends are written when they return; kept for Kafka-style code."""
 
