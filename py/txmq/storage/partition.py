@@ -13,7 +13,7 @@ checkpoint writes the recovery point and then both snapshots
 loads the log, then the snapshots, and replays the batch headers after the
 lower of their offsets.
 
-``readview`` (DESIGN.md §8, ``txmq.readonly``): log start, log end,
+``readview`` (docs/ARCHITECTURE.md, ``txmq.readonly``): log start, log end,
 max_read_position, the active segment's base and size, published under the
 partition lock after the bytes (and the .txnindex entry of an abort) it
 vouches for.
