@@ -96,11 +96,6 @@ class Partition(SegmentLog):
         return self.txns.aborted
 
     @property
-    def txn_seen(self) -> bool:
-        """Whether the log has held a transactional batch (so a marker)."""
-        return self.txns.seen
-
-    @property
     def producers(self):
         """The producer table (``_producers.ProducerStates``)."""
         return self.producer_state.table
