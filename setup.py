@@ -1,4 +1,4 @@
-"""Extension list: every pyx/<name>.pyx becomes txmq._<name> (DESIGN.md §1)."""
+"""Extension list: every pyx/<name>.pyx becomes txmq._<name> (docs/ARCHITECTURE.md)."""
 import os
 import sys
 from pathlib import Path

@@ -1,6 +1,6 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """The batch codec: one append's messages to the bytes of a batch, and a
-batch's bytes back to messages (DESIGN.md §2).
+batch's bytes back to messages (docs/FORMAT.md).
 
 The batch layout is the table in ``_batch_layout.pxd`` (docs/FORMAT.md
 documents the same): an 88-byte header, then i32 offsets arrays, optional

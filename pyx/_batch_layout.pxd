@@ -1,4 +1,4 @@
-# The on-disk batch layout (DESIGN.md §2), version 1. Little-endian; every
+# The on-disk batch layout (docs/FORMAT.md), version 1. Little-endian; every
 # section starts 8-byte aligned so Arrow can wrap a mapped segment's bytes
 # without copying. docs/FORMAT.md documents the same table.
 #

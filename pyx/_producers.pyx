@@ -1,5 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""Idempotent-producer state of one partition (DESIGN.md §4, Kafka rules).
+"""Idempotent-producer state of one partition (docs/FORMAT.md, "Idempotent producers", Kafka rules).
 
 Per producer id: its epoch, the last sequence appended, the publish time of
 its last batch, and (base sequence, count, base offset) of its last

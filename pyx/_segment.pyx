@@ -1,6 +1,6 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """A partition log's segment: one file of batches, mapped, with its sparse
-indexes (DESIGN.md §2).
+indexes (docs/FORMAT.md).
 
 Segment file ``<base>.log``::
 

@@ -1,5 +1,5 @@
 # cython: boundscheck=False, wraparound=False
-"""Transaction data structures of the Cython core (DESIGN.md §3).
+"""Transaction data structures of the Cython core (docs/API.md, "Transaction").
 
 - :class:`OngoingQueue`: the open transactions of one partition in order of
   their first offset; its head is maxReadPosition (Kafka's last stable

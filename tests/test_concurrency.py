@@ -1,4 +1,4 @@
-"""Threads (DESIGN.md §8): producers and consumers at once, blocked
+"""Threads (docs/ARCHITECTURE.md): producers and consumers at once, blocked
 receivers, and the dispatch rules of exclusive, failover and shared
 subscriptions, including redelivery after close, ack timeout and nack."""
 

@@ -1,4 +1,4 @@
-"""Corrupted data directories (DESIGN.md §6 "Bad input", STYLE.md "Fuzz
+"""Corrupted data directories (docs/GUARANTEES.md; fuzzing
 every decoder"): seeded byte flips and truncations in segment logs, index
 and time-index files, recovery points and subscription cursors of a closed
 broker. Reopening must either succeed with a valid prefix of what was

@@ -1,4 +1,4 @@
-"""Crash tests (DESIGN.md §6 G4, §7): a real broker process is SIGKILLed at
+"""Crash tests (docs/GUARANTEES.md: G4 and durability): a real broker process is SIGKILLed at
 random moments while it produces, or while it consumes and acknowledges;
 the parent reopens the data directory after every kill and checks:
 

@@ -1,4 +1,4 @@
-"""Half messages (DESIGN.md §5, G10): commit, rollback, check-back,
+"""Half messages (docs/FORMAT.md, "Half messages"; docs/GUARANTEES.md G10): commit, rollback, check-back,
 discards, the state table and its redo log."""
 
 from __future__ import annotations

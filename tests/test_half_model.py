@@ -1,4 +1,4 @@
-"""Half messages (DESIGN.md §5, G10) against a small reference model.
+"""Half messages (docs/FORMAT.md, "Half messages"; docs/GUARANTEES.md G10) against a small reference model.
 
 A Hypothesis rule-based state machine drives one broker's half messages
 and a pure-Python model side by side:

@@ -1,4 +1,4 @@
-"""Staged ingest through the owner's control socket (DESIGN.md §8): other
+"""Staged ingest through the owner's control socket (docs/ARCHITECTURE.md): other
 processes write a data directory only as one atomic step."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Kafka-facing view of a partition against a brute-force scan of its
 log: ``Broker.aborted_transactions``, ``Broker.last_stable_offset`` and
-``Broker.high_watermark`` (DESIGN.md §3, the transaction buffer; §4,
+``Broker.high_watermark`` (the transaction buffer; idempotent producers,
 producers).
 
 The oracle never asks the broker's transaction tables (``ongoing``,

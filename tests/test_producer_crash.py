@@ -1,4 +1,4 @@
-"""Crash test of named producers (DESIGN.md §4, §6 G4, G5): a named producer
+"""Crash test of named producers (docs/GUARANTEES.md: G4, G5): a named producer
 SIGKILLed mid-stream, restarted, resends its last N batches from
 ``last_sequence``: no duplicates, no gaps, in order.
 

@@ -1,4 +1,4 @@
-"""Idempotent and named producers (DESIGN.md §4, G5, the named half of G9)
+"""Idempotent and named producers (docs/FORMAT.md, "Idempotent producers"; docs/GUARANTEES.md G5, the named half of G9)
 and the Kafka-facing view of a partition. The SIGKILL test of a named
 producer is in test_producer_crash.py; the property test of the Kafka view
 in test_kafka_view.py."""

@@ -1,4 +1,4 @@
-"""Read-only opening of a data directory (DESIGN.md §8, ``txmq.readonly``).
+"""Read-only opening of a data directory (docs/ARCHITECTURE.md, ``txmq.readonly``).
 
 A writer in a separate process (tests/readonly_writer.py) holds the
 directory open and keeps appending plain messages and transactions that it

@@ -1,4 +1,4 @@
-"""Retention (DESIGN.md §8 background work; Broker docstring): by time and
+"""Retention (the broker's background work; Broker docstring): by time and
 by size, whole segments only, never at or above any subscription's
 mark-delete, never the active segment; readers carry on across deleted
 segments."""

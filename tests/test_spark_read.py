@@ -1,5 +1,5 @@
 """Reading txmq topics with Spark: the ``txmq`` data source
-(``pyspark_txmq``, DESIGN.md §9), found by Spark with no register call.
+(``pyspark_txmq``, docs/SPARK.md), found by Spark with no register call.
 
 - A batch read returns exactly the committed messages (G2) with their
   offsets, keys, values, headers and timestamps: aborted transactions,

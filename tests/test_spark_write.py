@@ -1,4 +1,4 @@
-"""Spark writing into txmq exactly once (DESIGN.md §9): batch writes commit
+"""Spark writing into txmq exactly once (docs/SPARK.md): batch writes commit
 the successful task attempts as one transaction through the directory's
 owner; a failed job leaves nothing; streaming micro-batches commit once
 per batch id, across restarts of the query."""

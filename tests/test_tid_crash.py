@@ -1,5 +1,5 @@
 """Crash test of transactional producers doing Kafka-style
-consume–process–produce (DESIGN.md §3, §4; G1, G4, G5, G6, G9).
+consume–process–produce (docs/GUARANTEES.md: G1, G4, G5, G6, G9).
 
 A worker (tests/tid_crash_worker.py) opens the transactional id ``etl-1``
 and loops: receive a few numbered inputs from the subscription ``etl`` of

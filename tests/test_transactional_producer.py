@@ -1,4 +1,4 @@
-"""Transactional ids and fencing (DESIGN.md §4, G5, G9): fencing races,
+"""Transactional ids and fencing (docs/FORMAT.md, "Idempotent producers"; docs/GUARANTEES.md G5, G9): fencing races,
 zombies, late requests of earlier transactions, Kafka-style
 consume–process–produce with send_offsets_to_transaction, persistence of
 (producer id, epoch) in the coordinator log."""

@@ -1,4 +1,4 @@
-"""Transactions through the embedded API (DESIGN.md §3, guarantees G1–G3,
+"""Transactions through the embedded API (docs/GUARANTEES.md: G1–G3,
 G6–G8): the seed scenarios of the issue, the API and the admin calls.
 Crash scenarios are in test_txn_crash.py, the model test in
 test_txn_model.py."""

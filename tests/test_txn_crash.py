@@ -1,4 +1,4 @@
-"""Crash tests for transactions (DESIGN.md §3, §6 G1, G2, G4, G6): a real
+"""Crash tests for transactions (docs/GUARANTEES.md: G1, G2, G4, G6): a real
 broker process runs transactions and is SIGKILLed — by itself at an
 application step or at a named crash point of the commit protocol
 (``TXMQ_CRASH_AT``, py/txmq/crashpoints.py), or by this process at a random

@@ -1,4 +1,4 @@
-"""Hypothesis stateful test of the whole transaction state (DESIGN.md §3;
+"""Hypothesis stateful test of the whole transaction state (docs/GUARANTEES.md;
 G1, G2, G3, G6, G7, G8) against a small pure-Python reference model.
 
 The broker runs on a temp dir (fsync="never") with two topics of two

@@ -1,4 +1,4 @@
-"""The ``txmq`` PySpark data source (DESIGN.md §9).
+"""The ``txmq`` PySpark data source (docs/SPARK.md).
 
 Spark (4.0 and later) imports every top-level module named ``pyspark_*`` on
 its Python path and registers the ``DefaultSource`` it finds under that

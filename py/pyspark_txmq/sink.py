@@ -1,4 +1,4 @@
-"""Writing a Spark DataFrame into txmq, exactly once (DESIGN.md §9).
+"""Writing a Spark DataFrame into txmq, exactly once (docs/SPARK.md).
 
 ``df.write.format("txmq").option("path", data_dir).option("topic", "out")
 .mode("append").save()``: the columns are those of Spark's Kafka sink —

@@ -1,5 +1,5 @@
 """Reading txmq topics into Spark: the batch and streaming readers of the
-``txmq`` data source (DESIGN.md §9).
+``txmq`` data source (docs/SPARK.md).
 
 Planning and reading run in different processes. ``partitions()`` runs in
 Spark's planner process; it opens the data directory read-only

@@ -1,4 +1,4 @@
-"""pyarrow arrays over one on-disk batch (DESIGN.md §2: its sections are
+"""pyarrow arrays over one on-disk batch (docs/FORMAT.md: its sections are
 laid out as Arrow's binary arrays are), for every reader that hands
 batches to Arrow: ``receive_batch``, the read-only reader, staged ingest."""
 

@@ -1,5 +1,5 @@
 """Known-good bytes of the on-disk batch layout (pyx/_batch_layout.pxd,
-DESIGN.md §2), Arrow zero-copy reads of a mapped segment, and the ways a
+docs/FORMAT.md), Arrow zero-copy reads of a mapped segment, and the ways a
 batch can be handed to BatchSpec (lists, pyarrow arrays, headers, keys)."""
 import gc
 import os

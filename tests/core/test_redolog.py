@@ -1,4 +1,4 @@
-"""The framed redo log (pyx/_redolog.pyx, DESIGN.md §2): known-good bytes,
+"""The framed redo log (pyx/_redolog.pyx, docs/FORMAT.md): known-good bytes,
 replay, torn and corrupt tails, compaction, bad file headers."""
 import os
 import struct

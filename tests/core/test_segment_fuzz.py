@@ -1,4 +1,4 @@
-"""Fuzz the decoders (STYLE.md "Tests"): corrupted or truncated segments,
+"""Fuzz the decoders: corrupted or truncated segments,
 redo logs and partitions give a valid prefix of what was written or a
 CorruptLogError — never a crash, a hang or a wrong answer.
 

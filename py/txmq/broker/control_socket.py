@@ -1,4 +1,4 @@
-"""The owner's control socket (DESIGN.md §8): ``<data>/control.sock``.
+"""The owner's control socket (docs/ARCHITECTURE.md): ``<data>/control.sock``.
 
 The process that holds a data directory listens on a Unix stream socket in
 it (mode 0600) for local requests; other processes write through it. A

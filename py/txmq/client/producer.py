@@ -23,7 +23,7 @@ class Producer:
     in turn; with a key, to the partition Kafka's default partitioner picks
     (murmur2), so keyed data lands where a Kafka client would put it.
 
-    Every producer is idempotent (DESIGN.md §4): it has a producer id, an
+    Every producer is idempotent (docs/FORMAT.md, "Idempotent producers"): it has a producer id, an
     epoch, and per partition a sequence that each batch carries, so a batch
     sent again with its sequence (``sequence=``) is appended once and
     answers with its original ids. A named producer

@@ -1,4 +1,4 @@
-"""The transaction handle of the embedded API (DESIGN.md §10)."""
+"""The transaction handle of the embedded API (docs/API.md)."""
 
 from __future__ import annotations
 

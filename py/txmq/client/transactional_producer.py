@@ -1,5 +1,5 @@
 """Transactional producers: Kafka's transactional.id on the embedded API
-(DESIGN.md §4, G9).
+(docs/FORMAT.md, "Idempotent producers"; docs/GUARANTEES.md G9).
 
 A transactional id maps to (producer id, epoch) in the log of its home
 coordinator. Opening the id again bumps the epoch durably, aborts the older

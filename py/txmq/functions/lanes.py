@@ -9,8 +9,8 @@ A lane has one owner at a time, and ownership is taken by **fencing**: the
 instance that receives a message of a lane it does not hold opens the
 lane's transactional id ``<function>.lane-<i>``. Opening it bumps the id's
 epoch, aborts the previous owner's open transaction and waits for a commit
-or abort it had already decided (DESIGN.md §4, G9); from then on every
-send, ack and commit of the previous owner in that lane raises
+or abort it had already decided (docs/GUARANTEES.md G9); from then on
+every send, ack and commit of the previous owner in that lane raises
 :class:`~txmq.errors.ProducerFencedError`. Only then does the new owner
 read the state partition: the last committed snapshot there is exactly the
 state of the acks committed on the input subscriptions, since both were

@@ -1,4 +1,4 @@
-"""Read-only access to a data directory from another process (DESIGN.md §8).
+"""Read-only access to a data directory from another process (docs/ARCHITECTURE.md).
 
 ``txmq.readonly.open(path)`` maps the segments and the ``readview`` file of
 each partition and reads exactly the committed prefix the writer has
@@ -447,7 +447,7 @@ class _Moved(Exception):
 
 
 class ReadOnlyDirectory:
-    """A data directory opened read-only (DESIGN.md §8; the module docstring
+    """A data directory opened read-only (docs/ARCHITECTURE.md; the module docstring
     says where each partition's view comes from).
 
     Every call takes a fresh view of the partitions it touches, so offsets

@@ -1,5 +1,5 @@
 """Staged ingest, the requester's side: writers in other processes append to
-a data directory as one atomic step (DESIGN.md §8).
+a data directory as one atomic step (docs/ARCHITECTURE.md).
 
 A writer that cannot hold the data directory (a Spark task, say) stages
 its batches, in the on-disk batch layout, under

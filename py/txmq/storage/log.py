@@ -89,9 +89,6 @@ class SegmentLog:
         """The log end offset: the offset the next message will get."""
         return self._segments[-1].next_offset
 
-    def size_bytes(self) -> int:
-        return sum(s.size for s in self._segments)
-
     def segment_base(self, offset: int) -> int:
         """The base offset of the segment holding ``offset`` (the first
         segment's for an offset below the log start)."""

@@ -13,7 +13,7 @@ checkpoint writes the recovery point and then both snapshots
 loads the log, then the snapshots, and replays the batch headers after the
 lower of their offsets.
 
-``readview`` (DESIGN.md §8, ``txmq.readonly``): log start, log end,
+``readview`` (docs/ARCHITECTURE.md, ``txmq.readonly``): log start, log end,
 max_read_position, the active segment's base and size, published under the
 partition lock after the bytes (and the .txnindex entry of an abort) it
 vouches for.
@@ -94,11 +94,6 @@ class Partition(SegmentLog):
     def aborted(self):
         """The aborted transactions with data in the log (``_txn.AbortSet``)."""
         return self.txns.aborted
-
-    @property
-    def txn_seen(self) -> bool:
-        """Whether the log has held a transactional batch (so a marker)."""
-        return self.txns.seen
 
     @property
     def producers(self):

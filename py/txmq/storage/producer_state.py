@@ -1,4 +1,4 @@
-"""The idempotent-producer state of a partition (DESIGN.md §4).
+"""The idempotent-producer state of a partition (docs/FORMAT.md, "Idempotent producers").
 
 A batch with a producer id is checked against the producer table under the
 partition lock (``_producers.ProducerStates``): the next sequence is

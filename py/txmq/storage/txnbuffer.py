@@ -1,4 +1,4 @@
-"""The transaction buffer of a partition (DESIGN.md §3) and its
+"""The transaction buffer of a partition (docs/API.md, "Transaction") and its
 aborted-transaction index (Kafka's ``.txnindex``).
 
 ``ongoing`` (``_txn.OngoingQueue``) holds the open transactions with data

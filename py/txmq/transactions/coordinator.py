@@ -1,4 +1,4 @@
-"""Transaction coordinators (DESIGN.md §3).
+"""Transaction coordinators (docs/API.md, "Transaction").
 
 Each coordinator owns a transaction log ``<data>/coordinator/tc-<id>.log``
 (the shared framed redo log; docs/FORMAT.md has the frames) and a timeout
@@ -13,7 +13,7 @@ tracker. Ending a transaction is two-phase:
 4. the final COMMITTED / ABORTED record; the transaction is forgotten.
 
 The log also maps the transactional ids homed here to their (producer id,
-epoch) (DESIGN.md §4): a PRODUCER frame per opening, kept by compaction.
+epoch) (docs/FORMAT.md, "Idempotent producers"): a PRODUCER frame per opening, kept by compaction.
 
 ``commit()`` returns after step 3. Recovery (driven by the broker) redoes
 step 3 for every decided transaction and aborts every other one.

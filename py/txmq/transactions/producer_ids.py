@@ -1,4 +1,4 @@
-"""Producer ids and named producers of a data directory (DESIGN.md §4).
+"""Producer ids and named producers of a data directory (docs/FORMAT.md, "Idempotent producers").
 
 ``<data>/producers.log`` is a framed redo log (docs/FORMAT.md):
 

@@ -1,6 +1,6 @@
 """Transaction identities and the per-transaction record shared by the
 coordinator (which owns it) and the partitions and subscriptions that check
-it under their own locks (DESIGN.md §3).
+it under their own locks (docs/API.md, "Transaction").
 
 A :class:`TxnID` is 128 bits: the coordinator id in the top 16, a sequence
 that only grows in the other 112. On disk it is two little-endian u64 words
