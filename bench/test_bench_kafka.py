@@ -1,5 +1,5 @@
 """The Kafka front end: confluent-kafka (librdkafka, idempotent, acks=all,
-batched by the client) producing 100 B messages into ``Broker.serve_kafka``
+batched by the client) producing 100 B messages into ``txmq.kafka.serve_kafka``
 against txmq's own ``send_batch`` of the same messages, fsync="never",
 measured in the same run (conftest.COMPARISONS).
 
@@ -15,6 +15,7 @@ import pytest
 
 import conftest
 import txmq
+from txmq.kafka import serve_kafka
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -34,7 +35,7 @@ conftest.add_comparison(
 def served(tmp_path):
     b = txmq.Broker(tmp_path / "data", fsync="never", control_socket=False)
     b.create_topic("t", 1)
-    server = b.serve_kafka("127.0.0.1", 0)
+    server = serve_kafka(b, "127.0.0.1", 0)
     yield b, f"127.0.0.1:{server.port}"
     b.close()
 

@@ -7,12 +7,13 @@ from types import SimpleNamespace
 import pytest
 
 import txmq
+from txmq.kafka import serve_kafka
 
 
 @pytest.fixture
 def kafka(tmp_path):
     broker = txmq.Broker(tmp_path / "data", fsync="never", control_socket=False)
-    server = broker.serve_kafka("127.0.0.1", 0)
+    server = serve_kafka(broker, "127.0.0.1", 0)
     yield SimpleNamespace(broker=broker, server=server, bootstrap=f"127.0.0.1:{server.port}", path=tmp_path / "data")
     broker.close()
     assert server.stopped

@@ -12,7 +12,7 @@ import pytest
 
 from tests.kafka_support import kafka, wait_until  # noqa: F401 (fixture)
 from txmq import _kafka
-from txmq.kafka import protocol, schema
+from txmq.kafka import protocol, schema, serve_kafka
 from txmq.kafka.protocol import Error
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -144,7 +144,7 @@ def test_silent_and_idle_connections(tmp_path):
     import txmq
     b = txmq.Broker(tmp_path / "d", fsync="never", control_socket=False)
     try:
-        s = b.serve_kafka("127.0.0.1", 0, idle_timeout=1.0)
+        s = serve_kafka(b, "127.0.0.1", 0, idle_timeout=1.0)
         idle = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(1000)]
         bootstrap = f"127.0.0.1:{s.port}"
         p = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all"})

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 import txmq
+from txmq.kafka import serve_kafka
 from tests.kafka_support import wait_until
 from tests.test_kafka_abuse import RawClient
 from txmq.errors import KafkaUsersFileError
@@ -42,7 +43,7 @@ def secured(tmp_path):
     broker = txmq.Broker(tmp_path / "data", fsync="never", control_socket=False)
     broker.create_topic("orders")
     broker.create_topic("secret")
-    server = broker.serve_kafka("127.0.0.1", 0, users_file=users)
+    server = serve_kafka(broker, "127.0.0.1", 0, users_file=users)
     yield SimpleNamespace(broker=broker, server=server, bootstrap=f"127.0.0.1:{server.port}", users=users)
     broker.close()
 
@@ -106,8 +107,8 @@ def test_users_file_refused_by_serve_kafka_and_cli(tmp_path):
     bad.write_text("{not json")
     with txmq.Broker(tmp_path / "d", fsync="never", control_socket=False) as b:
         with pytest.raises(KafkaUsersFileError, match="not JSON"):
-            b.serve_kafka("127.0.0.1", 0, users_file=bad)
-        assert b._kafka_servers == []
+            serve_kafka(b, "127.0.0.1", 0, users_file=bad)
+        assert b._services == []
     out = subprocess.run([sys.executable, "-m", "txmq.cli", "serve", str(tmp_path / "d2"), "--kafka", "127.0.0.1:0",
                           "--users", str(bad)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "not JSON" in out.stderr
@@ -248,7 +249,7 @@ def test_requests_before_authentication_close_the_connection(secured, caplog):
 
 def test_no_users_file_refuses_sasl(tmp_path):
     with txmq.Broker(tmp_path / "d", fsync="never", control_socket=False) as b:
-        s = b.serve_kafka("127.0.0.1", 0)
+        s = serve_kafka(b, "127.0.0.1", 0)
         with RawClient(s.port) as rc:
             assert rc.request(17, 1, {"mechanism": "PLAIN"}) == {
                 "error_code": Error.UNSUPPORTED_SASL_MECHANISM, "mechanisms": []}

@@ -1,5 +1,5 @@
 """Real Kafka clients (confluent-kafka / librdkafka, kafka-python, aiokafka)
-against ``Broker.serve_kafka``: produce and consume both ways with keys,
+against ``txmq.kafka.serve_kafka``: produce and consume both ways with keys,
 headers and timestamps, Kafka offsets equal to txmq offsets, every
 compression codec, idempotent acks=all, admin APIs, ListOffsets, and the
 server's lifecycle."""
@@ -13,6 +13,7 @@ import pytest
 
 import txmq
 import txmq.readonly
+from txmq.kafka import serve_kafka
 from tests.kafka_support import confluent_consume, kafka, wait_until  # noqa: F401 (fixture)
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -221,8 +222,8 @@ def test_admin_create_describe_delete(kafka):
 def test_server_stops_with_the_broker_and_on_its_own(tmp_path):
     import socket
     b = txmq.Broker(tmp_path / "d", fsync="never", control_socket=False)
-    s1 = b.serve_kafka("127.0.0.1", 0)
-    s2 = b.serve_kafka("127.0.0.1", 0)
+    s1 = serve_kafka(b, "127.0.0.1", 0)
+    s2 = serve_kafka(b, "127.0.0.1", 0)
     assert s1.port != s2.port
     s1.stop()
     s1.stop()                                                  # idempotent
@@ -230,11 +231,14 @@ def test_server_stops_with_the_broker_and_on_its_own(tmp_path):
         socket.create_connection(("127.0.0.1", s1.port), timeout=2)
     socket.create_connection(("127.0.0.1", s2.port), timeout=2).close()
     with pytest.raises(OSError):
-        b.serve_kafka("127.0.0.1", s2.port)                    # taken
+        serve_kafka(b, "127.0.0.1", s2.port)                    # taken
+    assert b._services == [s2]                                 # the stopped and the refused ones left
     b.close()
-    assert s2.stopped
+    assert s2.stopped and b._services == []
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", s2.port), timeout=2)
+    with pytest.raises(txmq.errors.BrokerClosedError):
+        serve_kafka(b, "127.0.0.1", 0)                         # nothing bound for a closed broker
 
 
 def test_cli_serve_as_owner(tmp_path):

@@ -154,7 +154,7 @@ class Broker:
         self._producer_ids = None
         self._half = None
         self._control = None
-        self._kafka_servers: list = []
+        self._services: list = []      # front ends close() stops first (attach)
         self._named_live: dict = {}        # (topic, name) -> the live Producer instance
         self._tid_live: dict = {}          # transactional id -> the live TransactionalProducer
         self._tid_lock = threading.Lock()
@@ -432,33 +432,21 @@ class Broker:
         self._check_open()
         return self._producer_ids.allocate()
 
-    def serve_kafka(self, host: str = "127.0.0.1", port: int = 9092, **options):
-        """Serve this broker over Kafka's wire protocol (docs/KAFKA.md) in a
-        background thread; returns the running :class:`txmq.kafka.KafkaServer`
-        (``.port`` is the bound port: pass ``port=0`` for a free one).
-        ``server.stop()`` stops it; :meth:`close` stops every server first.
-        ``options``: ``advertised_host``, ``auto_create_topics`` (default
-        True), ``default_partitions`` (1), ``max_request_bytes`` (100 MiB),
-        ``idle_timeout`` (600 s), ``users_file`` (None: no authentication;
-        a path: SASL PLAIN / SCRAM-SHA-256 and topic ACLs from that JSON
-        file, docs/KAFKA.md). Raises ``OSError`` when the address cannot be
-        bound, :class:`~txmq.errors.KafkaUsersFileError` for a bad users
-        file."""
-        self._check_open()
-        from txmq.kafka.server import KafkaServer
-        server = KafkaServer(self, host, port, **options)
+    def attach(self, service) -> None:
+        """Tie ``service`` (any object with a ``stop()`` method: a front end
+        such as :func:`txmq.kafka.serve_kafka`'s server) to this broker:
+        :meth:`close` stops it before anything else closes. Raises
+        :class:`~txmq.errors.BrokerClosedError` if the broker is closed."""
         with self._lock:
-            self._kafka_servers.append(server)
-        try:
-            return server.start()
-        except BaseException:
-            self._kafka_server_stopped(server)
-            raise
+            self._check_open()
+            if service not in self._services:
+                self._services.append(service)
 
-    def _kafka_server_stopped(self, server) -> None:
+    def detach(self, service) -> None:
+        """Forget ``service`` (it stopped by itself); no-op if not attached."""
         with self._lock:
-            if server in self._kafka_servers:
-                self._kafka_servers.remove(server)
+            if service in self._services:
+                self._services.remove(service)
 
     def half_producer(self, topic: str, group: str, checker=None) -> HalfProducer:
         """A producer of half messages (RocketMQ's transactional messages)
@@ -807,8 +795,8 @@ class Broker:
             if self._closed:
                 return
             self._closed = True
-        for server in list(self._kafka_servers):
-            server.stop()
+        for service in list(self._services):
+            service.stop()
         if self._control is not None:
             self._control.close()
         self._scheduler.stop()

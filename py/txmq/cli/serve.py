@@ -15,6 +15,8 @@ import threading
 
 from txmq.cli import exits, opening
 from txmq.errors import KafkaUsersFileError
+from txmq.kafka import serve_kafka
+from txmq.kafka.auth import Users
 
 DEFAULT_KAFKA = "127.0.0.1:9092"
 
@@ -31,7 +33,6 @@ def parse_address(text: str) -> tuple:
 def serve(args) -> int:
     host, port = parse_address(args.kafka)
     if args.users is not None:
-        from txmq.kafka.auth import Users
         try:
             Users.load(args.users)            # a bad file is refused before the directory is opened
         except KafkaUsersFileError as e:
@@ -42,9 +43,9 @@ def serve(args) -> int:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            server = broker.serve_kafka(host, port, advertised_host=args.advertised_host,
-                                        auto_create_topics=not args.no_auto_create,
-                                        default_partitions=args.partitions, users_file=args.users)
+            server = serve_kafka(broker, host, port, advertised_host=args.advertised_host,
+                                 auto_create_topics=not args.no_auto_create,
+                                 default_partitions=args.partitions, users_file=args.users)
         except OSError as e:
             raise exits.CliError(f"cannot listen on {host}:{port}: {e.strerror or e}", exits.REFUSED) from None
         auth = f", SASL with {len(server.users.users)} users" if server.users is not None else ""

@@ -1,6 +1,6 @@
 """txmq's Kafka protocol front end (docs/KAFKA.md).
 
-``broker.serve_kafka(host, port)`` serves an open :class:`txmq.Broker` to
+``txmq.kafka.serve_kafka(broker, host, port)`` serves an open :class:`txmq.Broker` to
 Kafka clients; ``txmq serve DIR --kafka HOST:PORT`` does so from the
 command line. Package layout, by role:
 
@@ -14,6 +14,6 @@ command line. Package layout, by role:
   and transactions.
 """
 
-from txmq.kafka.server import DEFAULT_PORT, KafkaServer
+from txmq.kafka.server import DEFAULT_PORT, KafkaServer, serve_kafka
 
-__all__ = ["KafkaServer", "DEFAULT_PORT"]
+__all__ = ["serve_kafka", "KafkaServer", "DEFAULT_PORT"]

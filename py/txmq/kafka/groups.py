@@ -403,7 +403,7 @@ class Groups:
                 sub = self.broker._subscription(name, group_id)
             except (SubscriptionNotFoundError, TopicNotFoundError, InvalidTopicNameError):
                 sub = None
-            pending = sub.pending_txns() if (sub is not None and require_stable) else ()
+            pending = sub.pending_acks.pending_txns() if (sub is not None and require_stable) else ()
             denied = not may(conn, name, "describe")
             for index in t["partition_indexes"]:
                 answer = {"partition_index": index, "committed_offset": -1, "committed_leader_epoch": -1,

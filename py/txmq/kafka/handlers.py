@@ -15,6 +15,7 @@ import logging
 from txmq.errors import (InvalidTopicNameError, TopicExistsError, TopicNotFoundError, InvalidArgumentError,
                          DataDirError, TopicBusyError)
 from txmq.kafka import protocol
+from txmq.kafka.auth import PLAIN, AuthenticationFailed, ScramExchange
 from txmq.kafka.data import DataPath
 from txmq.kafka.groups import Groups
 from txmq.kafka.protocol import Error
@@ -123,7 +124,6 @@ class Handlers:
         return {"error_code": Error.NONE, "mechanisms": mechanisms}
 
     async def sasl_authenticate(self, conn, version: int, body: dict) -> dict:
-        from txmq.kafka.auth import PLAIN, AuthenticationFailed, ScramExchange
         answer = {"error_code": Error.NONE, "error_message": None, "auth_bytes": b"", "session_lifetime_ms": 0}
         users = self.server.users
         if users is None or conn.sasl is None or conn.user is not None:

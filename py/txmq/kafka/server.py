@@ -29,6 +29,8 @@ import time
 
 from txmq.errors import InvalidArgumentError, KafkaProtocolError
 from txmq.kafka import protocol
+from txmq.kafka.auth import Users
+from txmq.kafka.handlers import Handlers
 from txmq.kafka.protocol import Error
 
 log = logging.getLogger("txmq.kafka")
@@ -42,7 +44,7 @@ FAILED_AUTHENTICATION_DELAY = 0.1          # s, Kafka's connection.failed.authen
 
 class KafkaServer:
     """Serves a broker over Kafka's protocol until :meth:`stop` (or the
-    broker's ``close()``). Create it with :meth:`txmq.Broker.serve_kafka`.
+    broker's ``close()``). Create it with :func:`txmq.kafka.serve_kafka`.
 
     ``port`` 0 takes a free port; :attr:`port` tells which. ``host`` is
     bound as given (127.0.0.1 by default); ``advertised_host`` is the host
@@ -58,8 +60,6 @@ class KafkaServer:
                  advertised_host: str | None = None, auto_create_topics: bool = True,
                  default_partitions: int = 1, max_request_bytes: int = MAX_REQUEST_BYTES,
                  idle_timeout: float = IDLE_TIMEOUT, users_file=None):
-        from txmq.kafka.auth import Users
-        from txmq.kafka.handlers import Handlers
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgumentError("port", port, "an int from 0 to 65535")
         if not isinstance(max_request_bytes, int) or max_request_bytes < 1024:
@@ -142,7 +142,7 @@ class KafkaServer:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
         self._pool.shutdown(wait=True)
-        self.broker._kafka_server_stopped(self)
+        self.broker.detach(self)
 
     close = stop
 
@@ -404,3 +404,25 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 __all__ = ["KafkaServer", "Error", "DEFAULT_PORT"]
+
+
+def serve_kafka(broker, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **options) -> KafkaServer:
+    """Serve ``broker`` (an open :class:`txmq.Broker`) over Kafka's wire
+    protocol (docs/KAFKA.md) in a background thread; returns the running
+    :class:`KafkaServer` (``.port`` is the bound port: pass ``port=0`` for a
+    free one). ``server.stop()`` stops it; ``broker.close()`` stops every
+    server first. ``options``: ``advertised_host``, ``auto_create_topics``
+    (default True), ``default_partitions`` (1), ``max_request_bytes``
+    (100 MiB), ``idle_timeout`` (600 s), ``users_file`` (None: no
+    authentication; a path: SASL PLAIN / SCRAM-SHA-256 and topic ACLs from
+    that JSON file, docs/KAFKA.md). Raises ``OSError`` when the address
+    cannot be bound, :class:`~txmq.errors.KafkaUsersFileError` for a bad
+    users file, :class:`~txmq.errors.BrokerClosedError` if the broker is
+    closed."""
+    server = KafkaServer(broker, host, port, **options)
+    broker.attach(server)
+    try:
+        return server.start()
+    except BaseException:
+        broker.detach(server)
+        raise
