@@ -186,6 +186,27 @@ def test_transactional_producer_topic_must_be_a_topic_name(broker):
     assert tp.producer("t") is tp.producer("t")
 
 
+def test_acks_with_non_int_offsets_are_refused(broker):
+    broker.producer("t").send_batch([b"a", b"b", b"c"], partition=0)
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    with pytest.raises(errors.NotAcknowledgeableError):
+        c.ack([txmq.MessageId("t", 0, 0), txmq.MessageId("t", 0, 1.5), txmq.MessageId("t", 0, 2)])
+    assert len(c.receive_many(10, timeout=1)) == 3
+
+
+def test_size_limit_counts_the_key(tmp_path):
+    with txmq.Broker(tmp_path / "d", fsync="never", max_message_bytes=1000) as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        p.send(b"v" * 900, key=b"k" * 100)
+        with pytest.raises(errors.MessageTooLargeError):
+            p.send(b"v" * 900, key=b"k" * 101)
+        with pytest.raises(errors.MessageTooLargeError):
+            p.send_batch(pa.array([b"v" * 900]), keys=pa.array([b"k" * 200]))
+    with pytest.raises(errors.InvalidArgumentError):
+        txmq.Broker(tmp_path / "e", segment_bytes_max=2**31)
+
+
 # -- every public call, driven with junk --------------------------------------------------
 
 # Values of the wrong type or out of range for any parameter: the property

@@ -298,7 +298,7 @@ def test_close_aborts_the_open_transaction(broker):
     tb.commit()
 
 
-# -- review regressions ------------------------------------------------------------------
+# -- reopening an id mid-commit, names, a damaged registry, redelivery after aborts ------------
 
 
 def test_reopen_waits_for_a_commit_being_applied(broker, monkeypatch):

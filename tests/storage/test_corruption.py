@@ -252,7 +252,7 @@ def test_template_reads_back_whole(template, tmp_path):
     check_outcome(out, dst, "index", os.path.join("topics", TOPIC, "0", "x"), expected, acked)
 
 
-# -- known bugs, reproduced deterministically (in process: none of them crash) --
+# -- single damages, deterministically (in process: none of them crash) --
 
 def _no_debug(monkeypatch):
     # TXMQ_DEBUG's full verification on open hides what production does.

@@ -1,5 +1,6 @@
 """Transactions through the embedded API (docs/GUARANTEES.md: G1–G3,
-G6–G8): the seed scenarios of the issue, the API and the admin calls.
+G6–G8): atomic produce, the bank, conflicting acks, timeouts, ordering behind
+an open transaction, consume-process-produce, the API and the admin calls.
 Crash scenarios are in test_txn_crash.py, the model test in
 test_txn_model.py (both in this folder)."""
 
@@ -106,7 +107,7 @@ def test_atomic_produce_survives_reopen(tmp_path):
         assert b.new_transaction().id not in (committed.id, aborted.id, left_open.id)
 
 
-# -- 3. the bank (seed 001) ------------------------------------------------------------------
+# -- 3. the bank -----------------------------------------------------------------------------
 
 
 def test_bank_open_transfer_blocks_committed_reader_only(broker):
@@ -426,7 +427,7 @@ def test_transaction_of_another_broker_refused(tmp_path, broker):
 
 
 def test_consume_process_produce_exactly_once(broker):
-    """Seed 000 without crashes: the output of an input is committed iff
+    """Consume-process-produce without crashes: the output of an input is committed iff
     the input's ack is (G6)."""
     for t in ("A1", "A2", "B"):
         broker.create_topic(t)

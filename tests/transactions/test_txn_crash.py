@@ -5,7 +5,7 @@ application step or at a named crash point of the commit protocol
 moment; after every kill this process reopens the data directory (which
 recovers it) and checks the guarantees from the data alone.
 
-Consume-process-produce (seed 000, G6): the worker aggregates what the
+Consume-process-produce (G6): the worker aggregates what the
 ``agg`` subscriptions of A1 and A2 deliver into B and acknowledges the
 inputs, all in one transaction. Killed before the sends, between send and
 ack, between ack and commit, and at each crash point of the commit, then run

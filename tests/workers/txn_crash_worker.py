@@ -8,7 +8,7 @@ event (one ``write`` each). A line that reports a call is written only
 *after* the call returned, so what the worker printed is what the broker
 acknowledged; "about to" lines (``C``, ``AB``, ``W``) come before the call.
 
-``cpp`` (consume-process-produce, seed 000): one loop takes what the
+``cpp`` (consume-process-produce): one loop takes what the
 ``agg`` subscriptions of A1 and A2 deliver, sends one aggregate per input
 topic to B (A1's to B/0, A2's to B/1), acknowledges the inputs and commits,
 all in one transaction. Each aggregate names the inputs it covers (see

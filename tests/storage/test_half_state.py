@@ -1,6 +1,9 @@
-"""Half messages: regressions found by reviewing txmq/half.py and
-txmq/_half.pyx (each test fails on the code it was written against and
-names the guarantee it holds the code to)."""
+"""The half-message store's state (storage/half_messages.py, the state
+table and redo log of txmq._half) stays true to what happened to each
+half message: across a compaction, a check answer racing the
+application's end, a failed append of a commit, a close during a local
+transaction, a power loss, and a reopen. Each test names the guarantee it
+holds the store to."""
 
 from __future__ import annotations
 
@@ -28,10 +31,9 @@ def read_values(broker, topic):
 
 
 def test_compaction_keeps_prepared_records_checkable(tmp_path):
-    """G10: a PREPARED half message after the compaction point must still be
-    checked. The reopened StateTable of ``_compact`` starts with an empty
-    PREPARED bitmap (only ``load`` fills it), so ``due`` no longer sees it
-    until the broker is restarted."""
+    """G10: a PREPARED half message after the compaction point is still
+    checked: the StateTable that ``_compact`` reopens knows its PREPARED
+    records (as ``load`` does on open), so ``due`` still finds it."""
     with txmq.Broker(tmp_path / "d", **OPTS, half_retention=0.0) as b:
         b.create_topic("orders", 1)
         hp = b.half_producer("orders", "svc", checker=lambda m: S.COMMIT)
@@ -63,7 +65,7 @@ def test_check_answer_racing_an_end_transaction_does_not_abort_the_round(tmp_pat
         hp = b.half_producer("orders", "svc", checker=checker)
         hp.send_in_transaction(b"a", lambda m, x: S.UNKNOWN)
         hp.send_in_transaction(b"b", lambda m, x: S.UNKNOWN)
-        assert b._half.check(now=time.time() + 10) == 2          # raised InvalidHalfStateError
+        assert b._half.check(now=time.time() + 10) == 2          # both checked: the stale answer for "a" is dropped
         by = b.stats()["half"]["by_state"]
         assert (by["rolled_back"], by["committed"] + by["committing"], by["prepared"]) == (1, 1, 0)
         assert read_values(b, "orders") == [b"b"]
@@ -72,10 +74,9 @@ def test_check_answer_racing_an_end_transaction_does_not_abort_the_round(tmp_pat
 def test_failed_append_of_a_commit_loses_nothing(tmp_path):
     """G10 when the real partition's append fails (ENOSPC, a topic closed
     under it): the record stays COMMITTING with its intent (partition,
-    sequence) and the next commit to that partition takes the same
-    sequence. A retry of end_transaction answers "committed before" without
-    appending, and on reopen the re-append of the first is answered as a
-    duplicate of the second: the first message is lost, reported nowhere."""
+    sequence); after the application retries end_transaction, commits
+    another message to that partition and reopens the broker, both
+    messages are in the partition, once each."""
     d = tmp_path / "d"
     with txmq.Broker(d, **OPTS) as b:
         b.create_topic("orders", 1)
@@ -103,9 +104,9 @@ def test_failed_append_of_a_commit_loses_nothing(tmp_path):
 
 def test_closing_the_broker_during_a_local_transaction_is_a_clear_error(tmp_path):
     """A thread whose local transaction is running when the application
-    closes the broker (shutdown) must get BrokerClosedError, never a
-    segfault: HalfStore.end reads the closed StateTable, whose ``data``
-    still points at the unmapped table."""
+    closes the broker (shutdown) gets BrokerClosedError, never a segfault
+    from ending the message in the closed (unmapped) StateTable. Runs in a
+    subprocess, so a segfault fails this test rather than killing pytest."""
     script = textwrap.dedent(f"""
         import threading, txmq
         from txmq import LocalTransactionState as S
@@ -138,11 +139,10 @@ def test_closing_the_broker_during_a_local_transaction_is_a_clear_error(tmp_path
 
 def test_settled_commit_is_not_durable_before_its_message(tmp_path):
     """G4 / the module's promise under fsync="commit": a power loss never
-    loses a committed half message. Settling frames COMMITTED (the intent
-    gone) and a later redo-log sync makes it durable while the message is
-    only in the page cache of its partition (a plain append): after a power
-    loss the record says COMMITTED, the message is gone, and nothing
-    appends it again. Checked at every fdatasync of the redo log."""
+    loses a committed half message. A COMMITTED record (its intent gone,
+    so nothing would append the message again) must not be durable in the
+    redo log before its message is durable in the partition. Checked at
+    every fdatasync of the redo log."""
     with txmq.Broker(tmp_path / "d", fsync="commit", half_check_interval=3600.0, half_check_immunity=0.0) as b:
         b.create_topic("orders", 1)
         hp = b.half_producer("orders", "svc")
@@ -172,10 +172,9 @@ def test_settled_commit_is_not_durable_before_its_message(tmp_path):
 
 
 def test_own_check_immunity_is_the_same_before_and_after_reopen(tmp_path):
-    """A message with its own check immunity, discarded and resumed: in
-    memory ``_update`` forgets the immunity (DISCARDED), replay of the redo
-    log never does, so the same message is due before a restart and not
-    after it."""
+    """A message with its own check immunity, discarded and resumed, is due
+    at the same time before a restart (the state in memory) and after it
+    (the state replayed from the redo log)."""
     d = tmp_path / "d"
     opts = dict(OPTS, half_max_checks=0)
     now = time.time()
