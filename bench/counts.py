@@ -5,7 +5,7 @@ and returns ``{count name: value}``; the names are those of
 ``bench/gates.toml``'s ``[[count]]`` gates.
 
 These do not depend on the machine, so they run in the test suite too
-(``tests/test_perf_gates.py``) and gate exactly: a ceiling equal to
+(``tests/testing/test_perf_gates.py``) and gate exactly: a ceiling equal to
 today's count. A change that lowers one lowers its ceiling in the same
 commit (bench/README.md, "Raising a gate").
 """

@@ -44,7 +44,7 @@ ROUNDS, WARMUP = 300, 10
 
 
 def alternate(measure, benchmark, results, group, first, second, *, ops_per_round, unit,
-              rounds=ROUNDS, warmup=WARMUP):
+              rounds=ROUNDS, warmup=WARMUP, before_first=None):
     """Time two sides round by round, alternately.
 
     ``first`` and ``second`` are ``(side, fn)``. ``measure`` times
@@ -54,8 +54,9 @@ def alternate(measure, benchmark, results, group, first, second, *, ops_per_roun
     order is A A B B A A B B ...: each side runs half its rounds after one
     of its own and half after one of the other's, so neither always runs
     first (which was worth a few percent either way in scratch runs).
-    Medians and means of both sides go to ``results``. Returns how many
-    rounds of each side ran, warm-up included."""
+    ``before_first``, if given, runs untimed before every round of
+    ``first``. Medians and means of both sides go to ``results``. Returns
+    how many rounds of each side ran, warm-up included."""
     assert rounds % 2 == 0 and warmup % 2 == 0
     (side_a, run_a), (side_b, run_b) = first, second
     clock = time.perf_counter
@@ -71,6 +72,8 @@ def alternate(measure, benchmark, results, group, first, second, *, ops_per_roun
         if next(calls) % 2:
             return
         for _ in range(2):
+            if before_first is not None:
+                before_first()
             t0 = clock()
             run_a()
             times_a.append(clock() - t0)

@@ -14,7 +14,9 @@ done by SQLite in one SQLite transaction.
 4. Draining a topic whose transactions are 10% aborted: a read_committed
    subscription against a read_uncommitted one on the same data, with
    ``receive_many`` + ``ack`` and with ``receive_batch`` + ``ack``.
-5. ``Broker(path)`` after SIGKILL with 1,000,000 transactions in the logs,
+5. ``receive()`` + ``ack(m, txn=)`` in a transaction that already holds
+   50,000 pending acks, against the same in one that holds none.
+6. ``Broker(path)`` after SIGKILL with 1,000,000 transactions in the logs,
    against 10,000; and with 1,025,684, another phase of the compaction and
    snapshot cycles (marker ``reopen``: it runs last).
 
@@ -35,9 +37,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+import conftest
 import txmq
 from dirsnap import DirSnapshot
 from sqlite_baseline import SqliteQueue
+from test_bench_producers import alternate
 from test_bench_send import payloads
 
 MiB = 1024 * 1024
@@ -309,7 +313,65 @@ def test_read_committed_with_aborts(api, side, measure, aborted_topic):
     assert got and all(n == RC_TXN for n in got), sorted(set(got))
 
 
-# -- 5. reopen after SIGKILL with many transactions in the logs ---------------------------
+# -- 5. receive + ack inside a transaction that holds many pending acks -----------------
+
+HELD = 50_000                # pending acks the transaction of the "50k held" side holds first
+HELD_PER_ROUND = 1_000       # receive() + ack(m, txn=) pairs per round
+HELD_ROUNDS, HELD_WARMUP = 40, 4
+HELD_GROUP = "txn_held_acks"
+conftest.add_comparison(HELD_GROUP, conftest.Comparison(
+    "receive+ack(txn=) per message, 50k held / none held by the txn", "50k held", "none held", 0.9, ">=",
+    note="goal >= 90%: an ack costs the same however many acks its transaction holds"))
+
+
+def test_ack_in_a_transaction_holding_many(measure, benchmark, results, tmp_path, request):
+    """Each round receives 1,000 messages one at a time (exclusive,
+    read_committed) and acks each inside a transaction. On the "50k held"
+    side one transaction, never ended while measured, first took 50,000
+    messages as pending acks (untimed) and keeps the acks of every round
+    (50,000 to 94,000 held); on the "none held" side each round starts a
+    fresh transaction (the previous one committed, untimed). Every receive
+    asks the lane's pending-ack table whether what it hands out is held,
+    so a cost per call that grew with the acks a transaction holds (a walk
+    of them) shows as a ratio far below 1. The sides alternate round by
+    round (``alternate``)."""
+    broker = txmq.Broker(tmp_path / "data", fsync="never")
+    request.addfinalizer(broker.close)
+    values = payloads(1000, 100)
+    per_side = (HELD_ROUNDS + HELD_WARMUP) * HELD_PER_ROUND
+    consumers = {}
+    for topic, n in (("held", HELD + per_side), ("none", per_side)):
+        broker.create_topic(topic, 1)
+        for _ in range(n // 1000):
+            broker.producer(topic).send_batch(values, partition=0)
+        consumers[topic] = broker.subscribe(topic, "s", isolation="read_committed", initial_position="earliest")
+    held_txn = broker.new_transaction(TXN_TIMEOUT)
+    held = consumers["held"]
+    left = HELD
+    while left:
+        msgs = held.receive_many(min(left, 1000), 1.0)
+        held.ack(msgs, txn=held_txn)
+        left -= len(msgs)
+    fresh = [broker.new_transaction(TXN_TIMEOUT)]
+
+    def renew():
+        fresh[0].commit()
+        fresh[0] = broker.new_transaction(TXN_TIMEOUT)
+
+    def run(consumer, txn):
+        receive, ack = consumer.receive, consumer.ack
+        for _ in range(HELD_PER_ROUND):
+            ack(receive(1.0), txn=txn)
+
+    alternate(measure, benchmark, results, HELD_GROUP,
+              ("none held", lambda: run(consumers["none"], fresh[0])),
+              ("50k held", lambda: run(held, held_txn)),
+              ops_per_round=HELD_PER_ROUND, unit="msg", rounds=HELD_ROUNDS, warmup=HELD_WARMUP,
+              before_first=renew)
+    held_txn.abort()
+
+
+# -- 6. reopen after SIGKILL with many transactions in the logs ---------------------------
 
 # What opening replays is bounded by cycles, not by the count: a
 # coordinator log is compacted once it holds 2,048 frames (plus 4 per live

@@ -24,6 +24,7 @@ import numpy as np
 
 from txmq._redolog import RedoLog
 from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
+from txmq.dispatch import lane_invariant
 from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
 from txmq.message import MessageId
 from txmq.storage.cursor import COMPACT_FRAMES
@@ -102,6 +103,9 @@ class PendingAcks:
                                         + np.asarray(new, "<i8").tobytes())
                 sub._hold(lane, new)
                 n += len(new)
+            if lane_invariant.DEBUG:
+                for lane, _ in checked:
+                    lane_invariant.changed(lane)
         return n
 
     def ack_cumulative_txn(self, meta, message_id) -> None:
@@ -121,6 +125,8 @@ class PendingAcks:
             if lane.ranges:
                 lane.ranges = [[max(s, message_id.offset + 1), e, cid] for s, e, cid in lane.ranges
                                if e > message_id.offset + 1]
+            if lane_invariant.DEBUG:
+                lane_invariant.changed(lane)
 
     def pending_txns(self) -> set:
         """TxnIDs with acks pending on any partition of this subscription."""
@@ -177,6 +183,8 @@ class PendingAcks:
                 if lane.pending_log.frames_since_snapshot >= COMPACT_FRAMES:
                     self.sync_commits(lane)
                     lane.pending_log.compact(lane.pending.to_bytes())
+                if lane_invariant.DEBUG:
+                    lane_invariant.changed(lane)
             sub.cond.notify_all()
 
     def flush(self) -> None:

@@ -1,19 +1,37 @@
 """A subscription: a named cursor on every partition of a topic, and the
 dispatch of its messages to the consumers attached to it.
 
-Per partition a subscription keeps a *lane*. Within a lane every offset in
-``[mark_delete, read_offset)`` is exactly one of: acknowledged (cursor),
-outstanding at one consumer, waiting in the redelivery queue, or decoded in
-the read buffer. Offsets at or past ``read_offset`` have not been read yet.
-Nothing else is needed to deliver each message to one consumer at a time.
+Per partition a subscription keeps a *lane*: its cursor (mark-delete and
+the individual acks above it), the acks held by open transactions, and
+the dispatch state: what is outstanding at consumers (one by one in
+``outstanding``, or as batch deliveries in ``ranges``), the read buffer
+(decoded messages of one batch not yet handed out) and the redelivery
+queue. ``read_offset`` is where the next read of the log starts; offsets
+at or past it have not been read yet.
+
+The lane invariant: every offset in ``[mark_delete, read_offset)`` is
+either *settled* — acknowledged in the cursor, or pending in an open
+transaction — or in exactly one dispatch state: outstanding at one
+consumer (individually or in one batch delivery), waiting in the read
+buffer, or queued for redelivery. Transaction markers, and aborted
+batches under read_committed, are never delivered: the read passes over
+them by acknowledging them in the cursor. A settled offset is outstanding
+nowhere (a pending one is in no batch delivery either), but the read
+buffer and the redelivery queue may still name it, as they may an offset
+delivered again since it was queued: such an entry is dropped when it
+comes up. A queued offset is never in a batch delivery or the read buffer
+as well (it would be delivered twice). Offsets that retention deleted
+need no state. Nothing else is needed to deliver each message to one
+consumer at a time. With ``TXMQ_DEBUG=1`` every change of a lane is
+followed by a check of this (:mod:`txmq.dispatch.lane_invariant`).
 
 Acks made inside a transaction do not touch the cursor: they are held in the
 lane's pending-ack table and written to ``pending-<p>.log`` by the
 subscription's pending-ack handle (:mod:`txmq.dispatch.pending_acks`, kept
 apart from dispatch as Pulsar keeps its pending-ack handle apart from the
-subscription). A pending offset is in no dispatch state (never delivered
-or redelivered) until its transaction ends: commit acknowledges it in the
-cursor, abort queues it for redelivery.
+subscription). A pending offset is never delivered or redelivered until
+its transaction ends: commit acknowledges it in the cursor, abort queues
+it for redelivery (or leaves it to the read buffer, if it waits there).
 """
 
 from __future__ import annotations
@@ -31,6 +49,7 @@ import numpy as np
 from txmq._ackset import group_offsets
 from txmq._segment import SegmentClosedError
 from txmq.batcharrow import batch_arrays
+from txmq.dispatch import lane_invariant
 from txmq.dispatch.pending_acks import PendingAcks, open_pending_log
 from txmq.storage.cursor import Cursor
 from txmq.files import sync_dir, write_json
@@ -49,7 +68,7 @@ class _Lane:
 
     __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "buf_i", "outstanding",
                  "ranges", "redeliver", "redelivery_count", "deadlines", "pending", "pending_log",
-                 "unsynced_commits")
+                 "unsynced_commits", "debug_changes", "debug_next")
 
     def __init__(self, partition, cursor: Cursor, pending, pending_log):
         self.partition = partition
@@ -58,6 +77,7 @@ class _Lane:
         self.pending = pending             # PendingAckTable and pending-<p>.log: see pending_acks
         self.pending_log = pending_log
         self.unsynced_commits: list = []   # committed txns whose COMMIT frame waits for a cursor sync
+        self.debug_changes = self.debug_next = 0   # lane_invariant's pacing under TXMQ_DEBUG
         self.rewind(cursor.mark_delete)
 
     def settled(self, offset: int) -> bool:
@@ -174,6 +194,7 @@ class Subscription:
         return [ordered[i % len(ordered)].id for i in range(len(self.lanes))]
 
     def _reassigned(self, before: list) -> None:
+        """After a consumer came or went (detach has released its lanes)."""
         after = self._assignment()
         now = time.monotonic()
         for i, lane in enumerate(self.lanes):
@@ -181,6 +202,8 @@ class Subscription:
                 # A partition changed hands: the new active consumer gets
                 # what the old one had not acknowledged.
                 self._release(lane, before[i], now)
+        if lane_invariant.DEBUG:
+            _changed(self.lanes)
 
     def _lanes_for(self, consumer) -> list:
         if self.type == "failover":
@@ -264,6 +287,8 @@ class Subscription:
             self._expire(lane, now)
             self._take_redeliveries(lane, consumer, n, now, out)
             self._take_fresh(lane, consumer, n, now, out)
+            if lane_invariant.DEBUG:
+                lane_invariant.changed(lane)
             if len(out) >= n:
                 break
         return out
@@ -399,6 +424,8 @@ class Subscription:
                     batch = self._redelivered_batch(lane, consumer, max_messages, now, pa)
                     if batch is None:
                         batch = self._take_arrow(lane, consumer, max_messages, now, pa)
+                    if lane_invariant.DEBUG:
+                        lane_invariant.changed(lane)
                     if batch is not None:
                         consumer.rr += i + 1
                         return batch
@@ -501,7 +528,10 @@ class Subscription:
             for lane, offsets in checked:
                 if len(lane.pending):
                     self._refuse_held(lane, lane.pending.holder(offsets))
-            return sum(self._apply_acks(lane, offsets) for lane, offsets in checked)
+            n = sum(self._apply_acks(lane, offsets) for lane, offsets in checked)
+            if lane_invariant.DEBUG:
+                _changed([lane for lane, _ in checked])
+            return n
 
     def _refuse_held(self, lane: _Lane, held) -> None:
         """A plain ack must not take a message an open transaction holds as
@@ -546,6 +576,8 @@ class Subscription:
                 if table:
                     for off in [o for o in table if start <= o < end]:
                         del table[off]
+            if lane_invariant.DEBUG:
+                lane_invariant.changed(lane)
         return n
 
     def ack_cumulative(self, message_id) -> None:
@@ -556,6 +588,8 @@ class Subscription:
             if len(lane.pending):
                 self._refuse_held(lane, lane.pending.holder_in(lane.cursor.mark_delete, message_id.offset + 1))
             self._apply_acks(lane, (), message_id.offset)
+            if lane_invariant.DEBUG:
+                lane_invariant.changed(lane)
 
     def _trim_ranges(self, lane: _Lane) -> None:
         md = lane.cursor.mark_delete
@@ -576,6 +610,8 @@ class Subscription:
                 if lane.outstanding.pop(mid.offset, None) is None and not _cut_from_ranges(lane, [mid.offset]):
                     continue
                 self._queue_redelivery(lane, mid.offset, now + self.nack_delay if count else now, count)
+            if lane_invariant.DEBUG:
+                _changed(self.lanes)
             self.cond.notify_all()
 
     # -- acks held by transactions (pending_acks asks) ---------------------------------
@@ -609,6 +645,8 @@ class Subscription:
                 lane.cursor.reset(target)
                 lane.redelivery_count.clear()
                 lane.rewind(target)
+            if lane_invariant.DEBUG:
+                _changed(self.lanes)
             self.cond.notify_all()
 
     # -- state -------------------------------------------------------------------
@@ -655,6 +693,12 @@ class Subscription:
                 self.pending_acks.sync_commits(lane)
                 lane.cursor.close()
                 lane.pending_log.close()
+
+
+def _changed(lanes) -> None:
+    """lane_invariant.changed() of each lane (TXMQ_DEBUG)."""
+    for lane in lanes:
+        lane_invariant.changed(lane)
 
 
 def _touches(lane: _Lane, first: int, last: int) -> bool:

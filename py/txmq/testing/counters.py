@@ -16,11 +16,16 @@ loaded CI runner and a server, so a gate on them can be exact.
 
 Each works as a context manager or around a callable, and reports only the
 thread that runs it: txmq's own background threads (timeouts, retention)
-are left out, so the count is the caller's.
+are left out, so the count is the caller's. A count is what txmq costs
+without ``TXMQ_DEBUG``: the debug check of a subscription's lanes
+(:mod:`txmq.dispatch.lane_invariant`, Python code) is off while
+:func:`count_calls`, :func:`count_blocks` and :func:`net_blocks` count,
+and the Cython tables' checks are compiled code, which they never see.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -29,6 +34,7 @@ import tracemalloc
 from dataclasses import dataclass, field
 
 from txmq import _mapping
+from txmq.dispatch import lane_invariant
 
 
 class FlushCounter:
@@ -75,6 +81,16 @@ class FlushCounter:
         return False
 
 
+@contextlib.contextmanager
+def _lane_check_off():
+    """The lane check of TXMQ_DEBUG off for a count (module docstring)."""
+    was = lane_invariant.set_debug(False)
+    try:
+        yield
+    finally:
+        lane_invariant.set_debug(was)
+
+
 def count_calls(fn, *args, **kwargs) -> int:
     """Python function calls (profile ``call`` events, the outermost ``fn``
     itself not included when it is compiled) made by ``fn(*args,
@@ -87,11 +103,12 @@ def count_calls(fn, *args, **kwargs) -> int:
             calls += 1
 
     previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        fn(*args, **kwargs)
-    finally:
-        sys.setprofile(previous)
+    with _lane_check_off():
+        sys.setprofile(profile)
+        try:
+            fn(*args, **kwargs)
+        finally:
+            sys.setprofile(previous)
     # setprofile's own return into this frame is not a call; nothing to undo.
     return calls
 
@@ -122,14 +139,15 @@ def count_blocks(fn, *args, **kwargs) -> tuple[object, Blocks]:
     if tracemalloc.is_tracing():
         raise RuntimeError("count_blocks starts tracemalloc itself: stop it first")
     gc.collect()
-    tracemalloc.start(1)
-    try:
-        before = tracemalloc.take_snapshot()
-        result = fn(*args, **kwargs)
-        gc.collect()
-        after = tracemalloc.take_snapshot()
-    finally:
-        tracemalloc.stop()
+    with _lane_check_off():
+        tracemalloc.start(1)
+        try:
+            before = tracemalloc.take_snapshot()
+            result = fn(*args, **kwargs)
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
     # The snapshots' own blocks are tracemalloc's, not the call's.
     own = [tracemalloc.Filter(False, tracemalloc.__file__)]
     where = {}
@@ -146,10 +164,11 @@ def net_blocks(fn, repeat: int) -> float:
     """Blocks the interpreter holds more after ``repeat`` calls of ``fn``
     than before, per call (``sys.getallocatedblocks``, after a collection):
     0 unless the calls leave something behind."""
-    fn()
-    gc.collect()
-    start = sys.getallocatedblocks()
-    for _ in range(repeat):
+    with _lane_check_off():
         fn()
-    gc.collect()
-    return (sys.getallocatedblocks() - start) / repeat
+        gc.collect()
+        start = sys.getallocatedblocks()
+        for _ in range(repeat):
+            fn()
+        gc.collect()
+        return (sys.getallocatedblocks() - start) / repeat

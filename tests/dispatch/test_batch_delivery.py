@@ -1,0 +1,88 @@
+"""Arrow batch deliveries (``receive_batch``) in a subscription's lanes
+(dispatch/subscription.py): a closed consumer's waiting receive ends, the
+count is checked, what is unacknowledged is counted once, and a nack or an
+ack timeout inside a batch redelivers each message once."""
+
+import threading
+import time
+
+import pytest
+
+import txmq
+from txmq import errors
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = txmq.Broker(tmp_path / "d", fsync="never")
+    b.create_topic("t")
+    yield b
+    b.close()
+
+
+def test_receive_batch_refuses_closed_consumers(broker):
+    c1 = broker.subscribe("t", "s", "shared", initial_position="earliest")
+    c2 = broker.subscribe("t", "s", "shared")
+    box = []
+
+    def wait():
+        try:
+            box.append(c1.receive_batch(timeout=None))
+        except errors.BrokerClosedError as e:
+            box.append(e)
+
+    th = threading.Thread(target=wait)
+    th.start()
+    time.sleep(0.2)
+    c1.close()
+    th.join(3)
+    assert not th.is_alive() and isinstance(box[0], errors.BrokerClosedError)
+    broker.producer("t").send_batch([b"a", b"b", b"c"])
+    assert [m.value for m in c2.receive_many(10, timeout=1)] == [b"a", b"b", b"c"]
+
+
+def test_receive_batch_needs_a_positive_count(broker):
+    broker.producer("t").send_batch([b"%d" % i for i in range(10)])
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    c.receive_many(5, timeout=1)
+    for bad in (0, -3, 1.5, True):
+        with pytest.raises(errors.InvalidArgumentError):
+            c.receive_batch(bad, timeout=0)
+    assert c.receive_batch(100, timeout=0).column("offset").to_pylist() == [5, 6, 7, 8, 9]
+
+
+def test_unacked_counts_a_batch_straddling_mark_delete_once(broker):
+    broker.producer("t").send_batch([b"%d" % i for i in range(10)])
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    rb = c.receive_batch(timeout=1)
+    c.ack([txmq.MessageId("t", 0, o) for o in range(5)])
+    st = broker.stats()["topics"]["t"]["subscriptions"]["s"]
+    assert st["unacked"] == 5 and st["backlog"] == 5
+    c.ack(rb)
+    assert broker.stats()["topics"]["t"]["subscriptions"]["s"]["unacked"] == 0
+
+
+def test_nack_inside_a_batch_redelivers_once(broker):
+    broker.producer("t").send_batch([b"%d" % i for i in range(4)])
+    c = broker.subscribe("t", "s", "shared", initial_position="earliest", nack_delay=0)
+    c.receive_batch(timeout=1)
+    c.nack(txmq.MessageId("t", 0, 2))
+    c.close()                                   # releases the rest of the batch
+    c = broker.subscribe("t", "s", "shared")
+    got = {m.offset: m.redelivery_count for m in c.receive_many(10, timeout=1)}
+    assert got == {0: 1, 1: 1, 2: 1, 3: 1}
+
+
+def test_ack_timeout_still_covers_a_batch_split_by_a_nack(broker):
+    broker.producer("t").send_batch([b"%d" % i for i in range(4)])
+    c = broker.subscribe("t", "s", "shared", initial_position="earliest", nack_delay=0,
+                         ack_timeout=0.3)
+    c.receive_batch(timeout=1)
+    c.nack(txmq.MessageId("t", 0, 2))
+    seen = set()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and seen != {0, 1, 2, 3}:
+        for m in c.receive_many(10, timeout=0.1):
+            seen.add(m.offset)
+            c.ack(m)
+    assert seen == {0, 1, 2, 3}

@@ -1,0 +1,74 @@
+"""Start a worker process and SIGKILL it at a random moment, and read what
+it wrote (shared by the crash tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+SETTLE_TIMEOUT = 90.0     # a bound on a worker starting on a loaded 2-core machine, not a speed check
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HELPERS = os.path.join(TESTS, "helpers")     # this module's folder, which the workers import from
+WORKERS = os.path.join(TESTS, "workers")
+
+
+def worker(name: str) -> str:
+    """The path of the worker script ``name`` (tests/workers/), which a test
+    launches with ``sys.executable``."""
+    path = os.path.join(WORKERS, name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(path)
+    return path
+
+
+def start_and_kill(argv, env, out_path, rng, *, p_after_ready: float, after_ready: tuple,
+                   anytime: tuple = (0.0, 0.6)):
+    """Run ``argv`` with stdout to ``out_path``. With probability
+    ``p_after_ready`` wait for its ``READY`` line, then a uniform delay in
+    ``after_ready`` seconds; else a delay in ``anytime`` (start-up, recovery
+    or work). Then SIGKILL it unless it already exited.
+
+    Returns (return code, stderr text, exited by itself)."""
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, env=env)
+    try:
+        if rng.random() < p_after_ready:
+            deadline = time.monotonic() + SETTLE_TIMEOUT
+            while b"READY\n" not in out_path.read_bytes()[:64]:
+                if proc.poll() is not None:
+                    break
+                assert time.monotonic() < deadline, "worker never became ready"
+                time.sleep(0.005)
+            time.sleep(rng.uniform(*after_ready))
+        else:
+            time.sleep(rng.uniform(*anytime))
+        exited = proc.poll() is not None
+        if not exited:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=SETTLE_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+    return proc.returncode, err, exited
+
+
+def read_lines(path) -> list:
+    """The lines a worker wrote whole (a line without its newline was cut
+    by the kill)."""
+    return path.read_bytes().decode().split("\n")[:-1]
+
+
+def drain(consumer, batch: int = 5000) -> list:
+    """Every message the consumer can receive right now."""
+    out = []
+    while True:
+        ms = consumer.receive_many(batch, timeout=0)
+        if not ms:
+            return out
+        out.extend(ms)

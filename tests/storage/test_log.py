@@ -1,0 +1,51 @@
+"""A partition's log (storage/log.py over txmq._segment): an append takes
+what its caller handed in at that moment, a segment left by a crash
+reserves its blocks again before appends, and the last publish time
+survives a reopen."""
+
+import os
+
+from txmq._batch import BatchSpec
+from txmq._segment import Segment
+from txmq.storage.partition import Partition
+
+
+def test_batchspec_is_not_changed_by_its_callers_list(tmp_path):
+    part = Partition(tmp_path / "p", "t", 0, fsync="never", segment_bytes_max=1 << 16)
+    values, keys = [b"a", b"b"], [b"k", None]
+    spec = BatchSpec(values, keys)
+    values[0] = b"x" * (1 << 20)      # a caller reusing its lists before the append
+    keys[1] = 12
+    part.append(spec)
+    assert [(m[1], m[2]) for m in part.read(0)] == [(b"k", b"a"), (None, b"b")]
+    part.close()
+
+
+def test_a_crashed_segment_is_reserved_again_before_appends(tmp_path):
+    """After a crash the active segment is a full-capacity sparse file; the
+    appends that follow must reserve blocks (posix_fallocate) again, or a
+    full disk turns a store into the mapping into SIGBUS."""
+    path = str(tmp_path / "00000000000000000000.log")
+    seg = Segment(path, 0, 64 << 20, True)
+    seg.recover(0, 0)
+    seg.append(BatchSpec([b"x" * 100]), publish_time=1)
+    end = seg.size
+    seg.close(trim=False)
+    os.truncate(path, end)             # what a crash can leave: no blocks past the data ...
+    os.truncate(path, 64 << 20)        # ... in a file at full capacity
+    seg = Segment(path, 0, 64 << 20, True)
+    assert seg.recover(0, 0) is None
+    seg.append(BatchSpec([b"y" * 100]), publish_time=2)
+    assert os.stat(path).st_blocks * 512 >= 8 << 20, "no blocks reserved past the log end"
+    seg.close()
+
+
+def test_last_publish_time_survives_reopen(tmp_path):
+    part = Partition(tmp_path / "p", "t", 0, fsync="never", clock=iter([1000, 5000]).__next__)
+    part.append(BatchSpec([b"a"]))
+    part.append(BatchSpec([b"b"]))
+    assert part.find_time(5000) == 1
+    part.close()
+    part = Partition(tmp_path / "p", "t", 0, fsync="never")
+    assert part.find_time(5000) == 1 and part.last_publish_time == 5000
+    part.close()
