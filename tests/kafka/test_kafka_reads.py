@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from spark_fixtures import spark  # noqa: F401  (pytest fixture)
-from tests.kafka_support import kafka  # noqa: F401 (fixture)
+from kafka_support import kafka  # noqa: F401 (fixture)
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 

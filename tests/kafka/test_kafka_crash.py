@@ -27,13 +27,13 @@ import time
 
 import pytest
 
-from tests.kafka_support import wait_until
+import killer
+from kafka_support import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import KafkaException, TopicPartition  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "kafka_eos_worker.py")
+WORKER = killer.worker("kafka_eos_worker.py")
 FENCED_EXIT = 3
 
 

@@ -19,8 +19,7 @@ import pytest
 
 import txmq
 from txmq.kafka import serve_kafka
-from tests.kafka_support import wait_until
-from tests.test_kafka_abuse import RawClient
+from kafka_support import RawClient, wait_until
 from txmq.errors import KafkaUsersFileError
 from txmq.kafka import auth
 from txmq.kafka.protocol import Error

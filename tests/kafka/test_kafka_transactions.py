@@ -10,7 +10,7 @@ import pytest
 
 import txmq
 import txmq.readonly
-from tests.kafka_support import confluent_consume, kafka, wait_until  # noqa: F401 (fixture)
+from kafka_support import confluent_consume, kafka, wait_until  # noqa: F401 (fixture)
 from txmq.errors import ProducerFencedError
 
 confluent_kafka = pytest.importorskip("confluent_kafka")

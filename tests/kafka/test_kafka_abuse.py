@@ -10,74 +10,12 @@ import time
 
 import pytest
 
-from tests.kafka_support import kafka, wait_until  # noqa: F401 (fixture)
+from kafka_support import RawClient, kafka, wait_until  # noqa: F401 (fixture)
 from txmq import _kafka
 from txmq.kafka import protocol, schema, serve_kafka
 from txmq.kafka.protocol import Error
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-
-
-class RawClient:
-    """A socket speaking Kafka frames by hand, with txmq's codec."""
-
-    def __init__(self, port: int):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.corr = 0
-
-    def send_frame(self, payload: bytes) -> None:
-        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
-
-    def frame(self, key: int, version: int, body: dict) -> bytes:
-        w = _kafka.Writer()
-        self.corr += 1
-        for write, v in ((_kafka.write_i16, key), (_kafka.write_i16, version), (_kafka.write_i32, self.corr)):
-            write(w, v)
-        _kafka.write_i16(w, 3)
-        head = w.getvalue() + b"raw"
-        if schema.is_flexible(key, version):
-            head += b"\x00"
-        bw = _kafka.Writer()
-        _kafka.write_struct(bw, body, schema.request(key, version))
-        return head + bw.getvalue()
-
-    def read_frame(self) -> bytes:
-        size = struct.unpack(">i", self._exactly(4))[0]
-        return self._exactly(size)
-
-    def request(self, key: int, version: int, body: dict) -> dict:
-        self.send_frame(self.frame(key, version, body))
-        raw = self.read_frame()
-        assert struct.unpack(">i", raw[:4])[0] == self.corr
-        pos = 5 if key != 18 and schema.is_flexible(key, version) else 4
-        return _kafka.read_struct(_kafka.Reader(raw, pos), schema.response(key, version))
-
-    def _exactly(self, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("closed")
-            out += chunk
-        return out
-
-    def closed_by_server(self, within: float = 5.0) -> bool:
-        self.sock.settimeout(within)
-        try:
-            return self.sock.recv(1) == b""
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        except socket.timeout:
-            return False
-
-    def close(self):
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _still_serves(kafka, value: bytes) -> None:

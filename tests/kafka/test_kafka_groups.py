@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.kafka_support import kafka, wait_until  # noqa: F401 (fixture)
+from kafka_support import kafka, wait_until  # noqa: F401 (fixture)
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka_python = pytest.importorskip("kafka")

@@ -14,7 +14,7 @@ import pytest
 import txmq
 import txmq.readonly
 from txmq.kafka import serve_kafka
-from tests.kafka_support import confluent_consume, kafka, wait_until  # noqa: F401 (fixture)
+from kafka_support import RawClient, confluent_consume, kafka, wait_until  # noqa: F401 (fixture)
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka_python = pytest.importorskip("kafka")
@@ -118,7 +118,6 @@ def test_kafka_retry_of_a_batch_appends_once(kafka):
     client's retry after a lost answer) is answered with the first
     append's offset and not appended again."""
     from kafka.record.default_records import DefaultRecordBatchBuilder
-    from tests.test_kafka_abuse import RawClient
     kafka.broker.create_topic("retry")
     with RawClient(kafka.server.port) as rc:
         pid = rc.request(22, 4, {"transactional_id": None, "transaction_timeout_ms": 60000})["producer_id"]
