@@ -152,6 +152,7 @@ class Broker:
         self._half = None
         self._control = None
         self._kafka_servers: list = []
+        self._flight_services: list = []
         self._named_live: dict = {}        # (topic, name) -> the live Producer instance
         self._tid_live: dict = {}          # transactional id -> the live TransactionalProducer
         self._tid_lock = threading.Lock()
@@ -457,6 +458,40 @@ class Broker:
         with self._lock:
             if server in self._kafka_servers:
                 self._kafka_servers.remove(server)
+
+    def serve_flight(self, host: str = "127.0.0.1", port: int = 8815, *, tls=None, token: str | None = None):
+        """Serve this broker over Arrow Flight (docs/SPARK_CLUSTER.md) for
+        Spark executors and other clients that cannot open the data
+        directory: planned reads (``GetFlightInfo`` / ``DoGet``), staged
+        writes (``DoPut``) and their commit as one transaction. Returns the
+        running :class:`txmq.flight.FlightService` (``.port``, ``.location``,
+        ``.token``; ``port=0`` takes a free port); ``service.stop()`` stops
+        it, :meth:`close` stops every service first.
+
+        Binds ``host`` (127.0.0.1 unless told otherwise). ``tls`` =
+        (certificate PEM path, private key PEM path) serves ``grpc+tls``.
+        Every call must carry ``authorization: Bearer <token>``: ``token``,
+        or by default the one in ``<data>/flight.token`` (created, mode
+        0600, when missing). Raises ``OSError`` / ``pyarrow`` errors when
+        the address cannot be bound or the certificate not read."""
+        self._check_open()
+        from txmq.flight.server import FlightService
+        service = FlightService(self, host, port, tls=tls, token=token)
+        with self._lock:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._flight_services.append(service)
+        if closed:
+            service.stop()
+            self._check_open()
+        return service
+
+    def _flight_service_stopped(self, service) -> None:
+        with self._lock:
+            if service in self._flight_services:
+                self._flight_services.remove(service)
 
     def half_producer(self, topic: str, group: str, checker=None) -> HalfProducer:
         """A producer of half messages (RocketMQ's transactional messages)
@@ -811,6 +846,8 @@ class Broker:
             self._closed = True
         for server in list(self._kafka_servers):
             server.stop()
+        for service in list(self._flight_services):
+            service.stop()
         if self._control is not None:
             self._control.close()
         self._scheduler.stop()
