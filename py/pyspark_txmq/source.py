@@ -5,17 +5,17 @@ Planning and reading run in different processes. ``partitions()`` runs in
 Spark's planner process; it opens the data directory read-only
 (:mod:`txmq.readonly`), or asks the owner's Flight service to
 (``option("flight", ...)``, :mod:`pyspark_txmq.remote`), takes one view
-per topic partition and fixes every range's end there: the last stable offset (maxReadPosition) under
-``read_committed``, the log end under ``read_uncommitted``, or a smaller
-``endingOffsets``. ``read()`` runs in an executor's Python worker, opens the
-directory again (or streams the range from the Flight service) and reads
-exactly that range. Both sides run :mod:`txmq.readplan`, so the local and
-the Flight path plan and read alike. Below a view's
-maxReadPosition every transaction has ended, and maxReadPosition never moves
-back, so a task reading later, while a writer keeps appending, sees the same
-committed rows the planner counted: one consistent committed prefix per
-partition. Nothing the reader or its partitions hold is a file or a mapping,
-so both pickle.
+per topic partition and fixes every range's end there: the last stable
+offset (maxReadPosition) under ``read_committed``, the log end under
+``read_uncommitted``, or a smaller ``endingOffsets``. ``read()`` runs in
+an executor's Python worker, opens the directory again (or streams the
+range from the Flight service) and reads exactly that range. Both paths
+run :mod:`txmq.readplan`, so they plan and read alike. Below a view's
+maxReadPosition every transaction has ended, and maxReadPosition never
+moves back, so a task reading later, while a writer keeps appending, sees
+the same committed rows the planner counted: one consistent committed
+prefix per partition. Nothing the reader or its partitions hold is a file,
+a mapping or a connection, so both pickle.
 
 Rows come as ``pyarrow.RecordBatch``es from
 :meth:`txmq.readonly.PartitionView.read_arrow`: the key and value columns of
@@ -137,12 +137,6 @@ def read_options(options, streaming: bool) -> tuple:
         return readplan.parse_read_options(options, streaming, extra=()), _Local()
     opts = readplan.parse_read_options(options, streaming, path="", extra=FLIGHT_OPTIONS)
     return opts, _Flight(target, without_flight_options(options))
-
-
-def read_range(opts: ReadOptions, rng: OffsetRange):
-    """The record batches of one planned range, read through a fresh
-    read-only view (a task runs in another process than the planner)."""
-    return readplan.read_split(opts, rng)
 
 
 class TxmqReader(DataSourceReader):
