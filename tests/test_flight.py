@@ -450,3 +450,20 @@ def test_cli_serve_flight_errors(tmp_path):
     proc = _serve(tmp_path / "d", "--flight", "127.0.0.1:0", "--flight-tls-cert", "/no/such.pem")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "go together" in err
+
+
+def test_a_topic_deleted_and_created_again_is_served_anew(served):
+    b, conn = served.broker, FlightConnection(FlightTarget(served.service.location, served.token))
+    b.create_topic("again", 1)
+    b.producer("again").send_batch([b"old-%d" % i for i in range(5)])
+    assert [v for t in conn.plan({"subscribe": "again"}) for bt in conn.read(t)
+            for v in bt.column("value").to_pylist()] == [b"old-%d" % i for i in range(5)]
+    b.delete_topic("again")
+    with pytest.raises(TopicNotFoundError):
+        conn.plan({"subscribe": "again"})
+    b.create_topic("again", 1)
+    b.producer("again").send_batch([b"new-%d" % i for i in range(3)])
+    assert [v for t in conn.plan({"subscribe": "again"}) for bt in conn.read(t)
+            for v in bt.column("value").to_pylist()] == [b"new-%d" % i for i in range(3)]
+    actions = {a.type for a in served.client.list_actions(bearer(served.token))}
+    assert actions == set(wire.ACTIONS)
