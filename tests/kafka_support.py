@@ -1,6 +1,7 @@
 """Shared pieces of the Kafka front-end tests: a broker served on a free
 127.0.0.1 port that stops by itself, and helpers that drive real clients."""
 
+import socket
 import time
 from types import SimpleNamespace
 
@@ -48,3 +49,12 @@ def wait_until(cond, seconds=10.0, step=0.05):
             return True
         time.sleep(step)
     return cond()
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
