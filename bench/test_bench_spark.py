@@ -24,22 +24,16 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import conftest
-import txmq
 import txmq.readonly
+from scan_data import MESSAGES, QUERY, VALUE_BYTES, build_scan_topic
 from test_bench_producers import alternate
 
-MESSAGES = 5_000_000
-KEY_BYTES, VALUE_BYTES = 16, 100
-SEND_BATCH = 10_000
 ROUNDS, WARMUP = 6, 2
-QUERY = ["count(*) AS n", "sum(length(value)) AS value_bytes", "max(offset) AS last",
-         "bit_xor(xxhash64(key)) AS keys"]
 
 GROUP = "spark_full_scan"
 COMPARISON = conftest.Comparison(
@@ -70,18 +64,7 @@ def dataset(tmp_path_factory):
     """(txmq data directory, Parquet path) holding the same 5M rows."""
     root = tmp_path_factory.mktemp("spark_scan")
     data, parquet = root / "data", root / "scan.parquet"
-    rng = np.random.default_rng(7)
-    with txmq.Broker(data, fsync="never") as broker:
-        broker.create_topic("scan", 1)
-        producer = broker.producer("scan")
-        offsets = pa.array(np.arange(0, (SEND_BATCH + 1) * KEY_BYTES, KEY_BYTES, dtype=np.int32))
-        voffsets = pa.array(np.arange(0, (SEND_BATCH + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32))
-        for _ in range(MESSAGES // SEND_BATCH):
-            keys = pa.BinaryArray.from_buffers(pa.binary(), SEND_BATCH, [None, offsets.buffers()[1],
-                                               pa.py_buffer(rng.bytes(SEND_BATCH * KEY_BYTES))])
-            values = pa.BinaryArray.from_buffers(pa.binary(), SEND_BATCH, [None, voffsets.buffers()[1],
-                                                 pa.py_buffer(rng.bytes(SEND_BATCH * VALUE_BYTES))])
-            producer.send_batch(values, keys=keys, partition=0)
+    build_scan_topic(data)
     with txmq.readonly.open(data) as ro:
         batches = list(ro.read_arrow("scan", 0, 0, timestamp_unit="us"))
     pq.write_table(pa.Table.from_batches(batches), parquet)

@@ -10,7 +10,10 @@ class's ``name()``, so no ``spark.dataSource.register`` call is needed::
 The columns and options are those of Spark's own Kafka source, so a job
 moves from Kafka to txmq by changing the format name (see docs/API.md,
 "PySpark data source"). Reading lives in :mod:`pyspark_txmq.source`,
-writing in :mod:`pyspark_txmq.sink`.
+writing in :mod:`pyspark_txmq.sink`; with ``option("flight",
+"grpc://host:port")`` both go through the owner's Arrow Flight service
+(:mod:`pyspark_txmq.remote`, docs/SPARK_CLUSTER.md), for executors that
+cannot open the data directory.
 """
 
 from __future__ import annotations
@@ -60,18 +63,18 @@ class DefaultSource(DataSource):
         return kafka_schema(option_bool(self.options, "includeHeaders", False))
 
     def reader(self, schema: StructType):
-        from pyspark_txmq.source import TxmqReader, parse_read_options
+        from pyspark_txmq.source import TxmqReader, read_options
 
-        opts = parse_read_options(self.options, streaming=False)
+        opts, backend = read_options(self.options, streaming=False)
         _check_schema(schema, opts.include_headers)
-        return TxmqReader(opts)
+        return TxmqReader(opts, backend)
 
     def streamReader(self, schema: StructType):
-        from pyspark_txmq.source import TxmqStreamReader, parse_read_options
+        from pyspark_txmq.source import TxmqStreamReader, read_options
 
-        opts = parse_read_options(self.options, streaming=True)
+        opts, backend = read_options(self.options, streaming=True)
         _check_schema(schema, opts.include_headers)
-        return TxmqStreamReader(opts)
+        return TxmqStreamReader(opts, backend)
 
     def writer(self, schema: StructType, overwrite: bool):
         from pyspark_txmq.sink import batch_writer

@@ -9,7 +9,10 @@ txmq or Kafka producer sends it), else round-robin.
 
 Each task attempt stages its Arrow batches in the on-disk batch layout
 (:class:`txmq.ingest.StagedWriter`) under the job's staging directory and
-returns its attempt id. The job's commit ingests exactly the attempts
+returns its attempt id. With ``option("flight", "grpc://host:port")``
+(:mod:`pyspark_txmq.remote`) the task sends its batches to the owner's
+Flight service, which stages them there (``DoPut``), and the commit and
+abort are Flight actions: the same staging, the same one transaction. The job's commit ingests exactly the attempts
 Spark reports as successful **as one transaction**, through the process
 that owns the data directory (its control socket) or, when none does,
 by opening the directory itself; every other attempt of the job is
@@ -38,8 +41,10 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from pyspark_txmq.remote import FLIGHT_OPTIONS, flight_target
 from txmq import ingest
 from txmq.errors import InvalidArgumentError, StagingError
+from txmq.flight.client import connect
 
 JOB_SINK = "txmq.job/"            # sink keys of batch writes: one commit per job id
 QUERY_SINK = "txmq.query"         # the prefix of sink keys of streaming queries without a sinkId
@@ -72,25 +77,54 @@ def _stream_job(key: str) -> str:
 
 
 def _options(options) -> tuple:
+    """``(destination, topic)``: the destination is the data directory's
+    path (a str), or the :class:`txmq.flight.client.FlightTarget` of the
+    ``flight`` option."""
+    target = flight_target(options)
     path = options.get("path")
     topic = options.get("topic")
-    if not path:
-        raise InvalidArgumentError("path", path, "the data directory (.option('path', ...))")
+    if target is None and not path:
+        raise InvalidArgumentError("path", path, "the data directory (.option('path', ...)), "
+                                   "or .option('flight', 'grpc://host:port')")
     if not topic:
         raise InvalidArgumentError("topic", topic, "the topic to write (.option('topic', ...))")
+    if target is not None:
+        _flight(target).topic_partitions(topic)     # TopicNotFoundError now, not in every task
+        return target, topic
     ingest.topic_partitions(path, topic)            # TopicNotFoundError now, not in every task
     return path, topic
 
 
-def _stage(path: str, job: str, topic: str, iterator, query: str | None = None) -> StagedAttempt:
+def _flight(target):
+    return connect(target)
+
+
+def _commit(dest, job: str, attempts: list, sink) -> None:
+    if isinstance(dest, str):
+        ingest.commit(dest, job, attempts, sink=sink)
+    else:
+        _flight(dest).commit(job, attempts, sink)
+
+
+def _abort(dest, job: str, tombstone: bool = True) -> None:
+    if isinstance(dest, str):
+        ingest.abort(dest, job, tombstone=tombstone)
+    else:
+        _flight(dest).abort(job, tombstone)
+
+
+def _stage(dest, job: str, topic: str, iterator, query: str | None = None) -> StagedAttempt:
     """One task attempt: stage every batch, mark the attempt complete. A
     ``topic`` column is not read: the ``topic`` option overrides it, as in
-    Spark's Kafka sink."""
+    Spark's Kafka sink. ``dest``: a data directory path, or a Flight
+    target (the owner stages what the task sends)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     attempt = (f"p{ctx.partitionId()}-a{ctx.attemptNumber()}-" if ctx is not None else "") + uuid.uuid4().hex[:12]
-    writer = ingest.StagedWriter(path, job, attempt, topic)
+    if not isinstance(dest, str):
+        return StagedAttempt(**_flight(dest).stage(job, attempt, topic, iterator), query=query)
+    writer = ingest.StagedWriter(dest, job, attempt, topic)
     try:
         for batch in iterator:
             writer.write_arrow(batch)
@@ -118,7 +152,8 @@ def _attempts(messages) -> list:
 
 
 class TxmqArrowWriter(DataSourceArrowWriter):
-    """A batch write: one job id, staged per task attempt, one commit."""
+    """A batch write: one job id, staged per task attempt, one commit.
+    ``path``: the data directory, or a Flight target."""
 
     def __init__(self, path: str, topic: str):
         self.path = path
@@ -131,10 +166,10 @@ class TxmqArrowWriter(DataSourceArrowWriter):
     def commit(self, messages) -> None:
         # Keyed by the job (a fresh id per write): if the owner dies during
         # the commit, asking again commits it once.
-        ingest.commit(self.path, self.job, _attempts(messages), sink=(f"{JOB_SINK}{self.job}", 0))
+        _commit(self.path, self.job, _attempts(messages), (f"{JOB_SINK}{self.job}", 0))
 
     def abort(self, messages) -> None:
-        ingest.abort(self.path, self.job)
+        _abort(self.path, self.job)
 
 
 class TxmqStreamArrowWriter(DataSourceStreamArrowWriter):
@@ -163,14 +198,14 @@ class TxmqStreamArrowWriter(DataSourceStreamArrowWriter):
         key = self._key(messages)
         if key is None:
             return                    # no task ran: nothing was staged, nothing to record
-        ingest.commit(self.path, _stream_job(key), _attempts(messages), sink=(key, batchId))
+        _commit(self.path, _stream_job(key), _attempts(messages), (key, batchId))
 
     def abort(self, messages, batchId: int) -> None:
         # A failed task sends no message; what it staged goes with the next commit
         # of the query (it empties the job), or with clean_staging.
         key = self._key(messages)
         if key is not None:
-            ingest.abort(self.path, _stream_job(key), tombstone=False)
+            _abort(self.path, _stream_job(key), tombstone=False)
 
 
 def batch_writer(options, schema, overwrite: bool) -> TxmqArrowWriter:
@@ -201,7 +236,7 @@ def stream_writer(options, schema, overwrite: bool) -> TxmqStreamArrowWriter:
 
 # Options each writer knows (lower case: Spark's option map is case-insensitive).
 # checkpointLocation and queryName are Spark's own, passed through to a streaming sink.
-BATCH_OPTIONS = ("path", "topic")
+BATCH_OPTIONS = ("path", "topic") + FLIGHT_OPTIONS
 STREAM_OPTIONS = BATCH_OPTIONS + ("sinkId", "checkpointLocation", "queryName")
 
 

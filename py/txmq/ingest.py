@@ -11,10 +11,10 @@ of three modules (docs/ARCHITECTURE.md); nothing else lives here:
 """
 
 from txmq.broker.ingester import SINKS_TOPIC, Ingester
-from txmq.requester.staged_ingest import StagedWriter, abort, commit, last_batch
+from txmq.requester.staged_ingest import StagedWriter, abort, check_sink_schema, commit, last_batch
 from txmq.storage.staging import (ABORTED, COMPLETE, STAGED_AGE_S, STAGED_SEGMENT_BYTES, STAGING, TOMBSTONE_AGE_S,
                                   clean_staging, staging_dir, topic_partitions)
 
 __all__ = ["ABORTED", "COMPLETE", "Ingester", "SINKS_TOPIC", "STAGED_AGE_S", "STAGED_SEGMENT_BYTES", "STAGING",
-           "StagedWriter", "TOMBSTONE_AGE_S", "abort", "clean_staging", "commit", "last_batch", "staging_dir",
+           "StagedWriter", "TOMBSTONE_AGE_S", "abort", "check_sink_schema", "clean_staging", "commit", "last_batch", "staging_dir",
            "topic_partitions"]

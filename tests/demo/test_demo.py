@@ -21,10 +21,12 @@ import sysconfig
 import pytest
 
 import txmq
+import txmq.readonly
 from txmq.cli import exits, main
 from txmq.demo import bank as demo_bank, scenarios as demo_mod, spark as demo_spark, windows as demo_windows
 PY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
 SIZE = "300"
+SPARK_CHECKS = 4           # rows of the Spark stage's checks
 CHECKS = 17                 # rows of the table without Spark
 
 
@@ -99,7 +101,7 @@ def test_demo_console_script_json(tmp_path):
     res = json.loads(r.stdout)
     assert res["ok"] is True and res["seed"] == 21 and res["size"] == int(SIZE)
     assert res["dir"] == str(tmp_path / "txmq-data") and os.path.isdir(res["dir"])
-    assert [c["result"] for c in res["checks"]] == ["PASS"] * (CHECKS + spark)
+    assert [c["result"] for c in res["checks"]] == ["PASS"] * (CHECKS + SPARK_CHECKS * spark)
     bank, win = res["bank"], res["windows"]
     assert bank["runs"]["killed"] and win["runs"]["killed"]
     assert bank["applied_once"] == bank["requests_committed"] > int(SIZE)     # transfers have two legs
@@ -108,8 +110,12 @@ def test_demo_console_script_json(tmp_path):
     assert win["windows_emitted"] == win["windows_expected"] == win["windows_matching"] > 0
     assert win["events_committed"] == int(SIZE)
     if spark:
-        assert res["spark"]["ran"] and res["spark"]["count"] == win["windows_output_messages"], res["spark"]
-        assert len(res["spark"]["rows"]) == demo_spark.SHOW_ROWS
+        sp = res["spark"]
+        assert sp["ran"] and sp["count"] == win["windows_output_messages"], sp
+        assert 1 <= sp["written"] <= len(demo_windows.PRODUCTS)
+        assert len(sp["rows"]) == min(demo_spark.SHOW_ROWS, sp["written"])
+        with txmq.readonly.open(res["dir"]) as ro:            # one transaction: one commit marker after the rows
+            assert ro.high_watermark(demo_spark.OUTPUT, 0) == sp["written"] + 1
 
 
 def test_checks_fail(capsys, tmp_path, monkeypatch):
@@ -209,3 +215,33 @@ def test_worker_failure_is_reported(capsys, tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_spark_checks_fail_on_a_wrong_or_doubled_write(capsys, tmp_path, monkeypatch):
+    """The Spark stage's checks compare what was written with the totals
+    recomputed from the log: a product written twice, or with a wrong
+    total, fails them (the job's output stood in for by a writer that
+    does exactly that; the real job runs in the console-script test)."""
+    def bad_job(data_dir):
+        with txmq.Broker(data_dir) as b:
+            want = demo_spark.expected_totals(demo_bank.drain(b, demo_windows.OUTPUT, "tamper"))
+            if demo_spark.OUTPUT not in b.topics():
+                b.create_topic(demo_spark.OUTPUT, 1)
+            p = b.producer(demo_spark.OUTPUT)
+            keys = sorted(want)
+            for i, k in enumerate(keys):
+                total, orders, windows = want[k]
+                p.send(json.dumps({"total": total + (i == 1), "orders": orders, "windows": windows}).encode(),
+                       key=k)
+            total, orders, windows = want[keys[0]]
+            p.send(json.dumps({"total": total, "orders": orders, "windows": windows}).encode(), key=keys[0])
+        return {"count": sum(w for _, _, w in want.values()), "written": len(want) + 1, "rows": []}
+
+    monkeypatch.setattr(demo_spark, "missing", lambda: [])
+    monkeypatch.setattr(demo_spark, "run", bad_job)
+    code, out, err = run(capsys, "demo", "--dir", tmp_path / "d", "--size", SIZE, "--seed", 7)
+    assert code == exits.PROBLEMS, out + err
+    table = rows(out)
+    assert {k for k, v in table.items() if v[2] == "FAIL"} == {
+        "products written twice", "product totals matching the recomputation from the log"}, out
+    assert table["products written twice"][:2] == ("0", "1")

@@ -54,6 +54,15 @@ def wait_until(cond, seconds=10.0, step=0.05):
     return cond()
 
 
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
 class RawClient:
     """A socket speaking Kafka frames by hand, with txmq's codec."""
 

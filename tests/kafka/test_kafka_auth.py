@@ -19,7 +19,7 @@ import pytest
 
 import txmq
 from txmq.kafka import serve_kafka
-from kafka_support import RawClient, wait_until
+from kafka_support import RawClient, listening, wait_until
 from txmq.errors import KafkaUsersFileError
 from txmq.kafka import auth
 from txmq.kafka.protocol import Error
@@ -264,7 +264,7 @@ def test_cli_serve_with_users(tmp_path):
                              f"127.0.0.1:{port}", "--users", str(users)], stderr=subprocess.PIPE, text=True)
     try:
         k = SimpleNamespace(bootstrap=f"127.0.0.1:{port}")
-        assert wait_until(lambda: _connects(port), 30)
+        assert wait_until(lambda: listening(port), 30)
         assert confluent_produce(k, "ops", "ops-pw", "made-by-ops", "SCRAM-SHA-256") == 0
         assert confluent_produce(k, "reader", "reader-pw", "made-by-ops") == \
             confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
@@ -272,11 +272,3 @@ def test_cli_serve_with_users(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "SASL with 4 users" in err
-
-
-def _connects(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False

@@ -14,7 +14,7 @@ import pytest
 import txmq
 import txmq.readonly
 from txmq.kafka import serve_kafka
-from kafka_support import RawClient, confluent_consume, kafka, wait_until  # noqa: F401 (fixture)
+from kafka_support import RawClient, confluent_consume, kafka, listening, wait_until  # noqa: F401 (fixture)
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka_python = pytest.importorskip("kafka")
@@ -249,7 +249,7 @@ def test_cli_serve_as_owner(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "txmq.cli", "serve", str(data), "--kafka", f"127.0.0.1:{port}",
                              "--partitions", "2"], stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_until(lambda: _connects(port), 20), "txmq serve did not start listening"
+        assert wait_until(lambda: listening(port), 20), "txmq serve did not start listening"
         p = kafka_python.KafkaProducer(bootstrap_servers=f"127.0.0.1:{port}", acks="all")
         for i in range(10):
             p.send("cli", b"m%d" % i, key=b"%d" % i)
@@ -264,15 +264,6 @@ def test_cli_serve_as_owner(tmp_path):
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "stopped" in err
-
-
-def _connects(port: int) -> bool:
-    import socket
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(__import__("shutil").which("kcat") is None, reason="kcat (Debian package kcat) not installed")

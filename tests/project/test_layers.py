@@ -26,7 +26,7 @@ LAYERS = [
     ("client", ("txmq.client",)),
     ("broker", ("txmq.broker",)),
     ("requester", ("txmq.requester",)),
-    ("front ends", ("txmq.kafka",)),
+    ("front ends", ("txmq.kafka", "txmq.flight")),
     ("functions", ("txmq.functions",)),
     ("public", ("txmq", "txmq.readonly", "txmq.ingest", "txmq.control")),
     ("testing", ("txmq.testing",)),

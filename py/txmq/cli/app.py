@@ -219,10 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=check.check)
 
     p = sub.add_parser("serve", parents=[progress],
-                       help="hold DIR as its owner and serve it over Kafka's protocol (docs/KAFKA.md)")
+                       help="hold DIR as its owner and serve it over Kafka's protocol (docs/KAFKA.md) "
+                            "and/or Arrow Flight (docs/SPARK_CLUSTER.md)")
     data_dir(p)
-    p.add_argument("--kafka", metavar="HOST:PORT", default=serve.DEFAULT_KAFKA,
-                   help=f"address to listen on (default {serve.DEFAULT_KAFKA}; 0.0.0.0:PORT for every interface)")
+    p.add_argument("--kafka", metavar="HOST:PORT", default=None,
+                   help=f"address to listen on (default {serve.DEFAULT_KAFKA} unless only --flight is given; "
+                        "0.0.0.0:PORT for every interface)")
+    p.add_argument("--flight", metavar="HOST:PORT",
+                   help=f"serve Arrow Flight (for Spark executors, docs/SPARK_CLUSTER.md) on this address, e.g. "
+                        f"{serve.DEFAULT_FLIGHT}; alone unless --kafka is given too; the bearer token is in "
+                        "DIR/flight.token")
+    p.add_argument("--flight-tls-cert", metavar="PEM", help="serve Flight over TLS with this certificate (chain)")
+    p.add_argument("--flight-tls-key", metavar="PEM", help="... and this private key")
     p.add_argument("--advertised-host", metavar="HOST",
                    help="the host clients are told to connect to (default: the listening host)")
     p.add_argument("--partitions", type=_number(int, lambda n: 1 <= n <= 10000, "an int from 1 to 10000"),

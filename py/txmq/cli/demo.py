@@ -63,13 +63,13 @@ def _print_table(result: dict, data_dir: str, out) -> None:
     output.table(result["checks"], COLUMNS, out=out)
     print(file=out)
     if info.get("ran"):
-        print(f"Spark read {info['count']:,} rows of {windows.OUTPUT}; the first ones:", file=out)
+        print(f"Spark read {info['count']:,} window rows of {windows.OUTPUT} and wrote {info['written']:,} "
+              f"product totals to {demo_spark.OUTPUT}; the first ones:", file=out)
         for row in info["rows"]:
-            print(f"  {row['key']:<12} {row['value']}  (partition {row['partition']}, offset {row['offset']})",
-                  file=out)
+            print(f"  {row['key']:<12} {row['value']}", file=out)
         print(file=out)
     print("Read the output with Spark (the `txmq` data source):", file=out)
-    for topic in (windows.OUTPUT, bank.BALANCES):
+    for topic in (windows.OUTPUT, demo_spark.OUTPUT, bank.BALANCES):
         print(f"  {demo_spark.snippet(where, topic)}", file=out)
     if not info.get("ran") and info.get("reason") != "--no-spark":
         print(f"  ({info['reason']}; install with: {demo_spark.INSTALL})", file=out)

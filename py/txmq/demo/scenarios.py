@@ -13,7 +13,9 @@ recompute every result from the log (``txmq demo`` prints them:
    ``txmq.functions`` function sums two input topics into per-window
    totals, in a process that is SIGKILLed mid-run and started again.
 
-Then the output is read with Spark (:mod:`txmq.demo.spark`).
+Then a Spark job (:mod:`txmq.demo.spark`) totals the window output per product
+and writes it back into txmq as one transaction, checked against the same
+totals recomputed from the log.
 
 Progress is reported through ``stage(label, total)``, a factory of objects
 with ``to(done, detail)``, ``end(line)`` and ``done``; messages through
@@ -191,22 +193,34 @@ def _checks(bank_runs: dict, bank: dict, win_runs: dict, win: dict) -> list:
     ]
 
 
-def _spark(data_dir: str, win: dict, enabled: bool, say) -> tuple:
-    """The Spark step: (a check row or None, what to put in the JSON)."""
+def _spark(data_dir: str, enabled: bool, say) -> tuple:
+    """The Spark stage: (check rows, what to put in the JSON)."""
     if not enabled:
-        return None, {"ran": False, "reason": "--no-spark"}
+        return [], {"ran": False, "reason": "--no-spark"}
     missing = demo_spark.missing()
     if missing:
-        return None, {"ran": False, "reason": f"not installed: {', '.join(missing)}"}
-    say(f"spark: reading {demo_windows.OUTPUT} with a local[2] SparkSession ...")
-    r = demo_spark.read(data_dir, demo_windows.OUTPUT)
+        return [], {"ran": False, "reason": f"not installed: {', '.join(missing)}"}
+    say(f"spark: a local[2] Spark job reads {demo_windows.OUTPUT}, totals each product over its windows "
+        f"and writes them to {demo_spark.OUTPUT} ...")
+    r = demo_spark.run(data_dir)
     if "error" in r:
-        say(f"spark: could not read ({r['error']}); the demo's own checks stand")
-        return (_check("spark", f"rows of {demo_windows.OUTPUT} read by Spark",
-                       f"{win['windows_output_messages']:,}", "not read", True) | {"result": "SKIP"},
+        say(f"spark: could not run ({r['error']}); the demo's own checks stand")
+        return ([_check("spark", "product totals written by Spark", "-", "not run", True) | {"result": "SKIP"}],
                 {"ran": False, "reason": r["error"]})
-    return (_check("spark", f"rows of {demo_windows.OUTPUT} read by Spark", f"{win['windows_output_messages']:,}",
-                   f"{r['count']:,}", r["count"] == win["windows_output_messages"]),
+    with txmq.Broker(data_dir, fsync="commit") as broker:
+        want = demo_spark.expected_totals(demo_bank.drain(broker, demo_windows.OUTPUT, "shop.verify"))
+        got = demo_spark.written_totals(demo_bank.drain(broker, demo_spark.OUTPUT, "shop.verify"))
+    n = lambda x: f"{x:,}"                                                    # noqa: E731
+    twice = sum(1 for v in got.values() if len(v) > 1)
+    matching = sum(1 for k, v in want.items() if got.get(k) == [v])
+    return ([_check("spark", f"window rows read by Spark from {demo_windows.OUTPUT}",
+                    n(sum(w for _, _, w in want.values())), n(r["count"]),
+                    r["count"] == sum(w for _, _, w in want.values())),
+             _check("spark", f"products written by Spark to {demo_spark.OUTPUT} (one transaction)", n(len(want)),
+                    n(len(got)), len(got) == len(want) and not set(got) - set(want)),
+             _check("spark", "products written twice", "0", n(twice), twice == 0),
+             _check("spark", "product totals matching the recomputation from the log", n(len(want)), n(matching),
+                    matching == len(want))],
             {"ran": True, **r})
 
 
@@ -234,9 +248,8 @@ def run(data_dir: str = DEFAULT_DIR, size: int = SIZES["small"], *, seed: int | 
         bank = demo_bank.verify(broker)
         win = demo_windows.verify(broker)
     checks = _checks(bank_runs, bank, win_runs, win)
-    spark_row, spark_info = _spark(data_dir, win, spark, say)
-    if spark_row:
-        checks.append(spark_row)
+    spark_rows, spark_info = _spark(data_dir, spark, say)
+    checks += spark_rows
     if not keep:
         shutil.rmtree(data_dir, ignore_errors=True)
     return {"ok": all(c["result"] != "FAIL" for c in checks), "seed": seed, "size": size, "dir": where,

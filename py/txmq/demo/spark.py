@@ -1,12 +1,16 @@
-"""The Spark step of ``txmq demo``: how to read a topic of the demo's data
-directory with Spark, and, when ``pyspark`` and the ``pyspark_txmq`` data
-source are installed, doing it.
+"""The Spark stage of ``txmq demo``: a Spark job reads the window
+aggregation's committed output, computes each product's totals over all
+its windows, and writes them back into txmq with the ``txmq`` sink — one
+transaction, exactly once — where the demo checks them against the same
+totals recomputed from the log.
 
-The read runs in its own process (``python -m txmq.demo.spark DIR
-TOPIC``): Spark starts a JVM and Python workers, and none of that should
-outlive the step or share the demo's process. That process prints one
-``RESULT <json>`` line: ``{"count", "rows": [...]}`` or ``{"error"}``.
-Nothing here can fail the demo because Spark is missing or cannot start.
+The job runs in its own process (``python -m txmq.demo.spark DIR``):
+Spark starts a JVM and Python workers, and none of that should outlive
+the stage or share the demo's process. That process prints one ``RESULT
+<json>`` line: ``{"count", "rows", "written"}`` or ``{"error"}``. A
+machine without Java or pyspark skips the stage (``--no-spark``, or
+reported as not installed); nothing here fails the demo because Spark
+cannot start — only a wrong result fails it.
 """
 
 from __future__ import annotations
@@ -18,10 +22,14 @@ import subprocess
 import sys
 
 import txmq
+from txmq.demo.windows import OUTPUT as WINDOWS
 
 INSTALL = 'pip install "txmq[spark]"'
 TIMEOUT_S = 300.0
 SHOW_ROWS = 5
+
+
+OUTPUT = "shop.product-totals"      # what the Spark job writes: one message per product
 
 
 def snippet(data_dir: str, topic: str) -> str:
@@ -34,14 +42,20 @@ def missing() -> list:
     return [m for m in ("pyspark", "pyspark_txmq") if importlib.util.find_spec(m) is None]
 
 
-def read(data_dir: str, topic: str) -> dict:
-    """Read ``topic`` with Spark in a child process: ``{"count", "rows"}``,
-    or ``{"error"}`` when Spark could not do it."""
+def run(data_dir: str) -> dict:
+    """Run the Spark job on ``data_dir`` (no process may own it) in a child
+    process: ``{"count", "rows", "written"}``, or ``{"error"}`` when Spark
+    could not run it. Creates :data:`OUTPUT` first; what an earlier run
+    wrote there is deleted with it."""
+    with txmq.Broker(data_dir, fsync="commit") as broker:
+        if OUTPUT in broker.topics():
+            broker.delete_topic(OUTPUT)
+        broker.create_topic(OUTPUT, 1)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     here = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [env.get("PYTHONPATH")] if p])
     try:
-        r = subprocess.run([sys.executable, "-m", "txmq.demo.spark", os.path.abspath(data_dir), topic],
+        r = subprocess.run([sys.executable, "-m", "txmq.demo.spark", os.path.abspath(data_dir)],
                            capture_output=True, env=env, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"error": f"Spark did not finish in {TIMEOUT_S:.0f} s"}
@@ -52,19 +66,46 @@ def read(data_dir: str, topic: str) -> dict:
     return {"error": f"the Spark process exited with status {r.returncode}: " + " / ".join(tail)}
 
 
-def _main(data_dir: str, topic: str) -> None:
+def expected_totals(window_messages) -> dict:
+    """``{product: (total, orders, windows)}`` recomputed from the window
+    aggregation's output messages: what the Spark job must write."""
+    out: dict = {}
+    for m in window_messages:
+        r = json.loads(m.value)
+        total, orders, windows = out.get(m.key, (0, 0, 0))
+        out[m.key] = (total + r["total"], orders + r["count"], windows + 1)
+    return out
+
+
+def written_totals(messages) -> dict:
+    """``{product: [(total, orders, windows), ...]}`` of the messages the
+    Spark job wrote (a product written twice shows two entries)."""
+    out: dict = {}
+    for m in messages:
+        r = json.loads(m.value)
+        out.setdefault(m.key, []).append((r["total"], r["orders"], r["windows"]))
+    return out
+
+
+def _main(data_dir: str) -> None:
     try:
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession, functions as F, types as T
         spark = (SparkSession.builder.master("local[2]").appName("txmq-demo")
                  .config("spark.ui.enabled", "false").getOrCreate())
         try:
             spark.sparkContext.setLogLevel("ERROR")
-            df = spark.read.format("txmq").option("path", data_dir).option("subscribe", topic).load()
-            rows = [{"key": (r["key"] or b"").decode(errors="replace"),
-                     "value": (r["value"] or b"").decode(errors="replace"),
-                     "partition": r["partition"], "offset": r["offset"]}
-                    for r in df.select("key", "value", "partition", "offset").limit(SHOW_ROWS).collect()]
-            result = {"count": df.count(), "rows": rows}
+            windows = (spark.read.format("txmq").option("path", data_dir).option("subscribe", WINDOWS).load()
+                       .select("key", F.from_json(F.col("value").cast("string"),
+                                                  "start long, total long, count long").alias("w")))
+            totals = (windows.groupBy("key")
+                      .agg(F.sum("w.total").alias("total"), F.sum("w.count").alias("orders"),
+                           F.count(F.lit(1)).alias("windows")))
+            out = totals.select("key", F.to_json(F.struct("total", "orders", "windows"))
+                                .cast(T.BinaryType()).alias("value"))
+            out.write.format("txmq").option("path", data_dir).option("topic", OUTPUT).mode("append").save()
+            rows = [{"key": (r["key"] or b"").decode(errors="replace"), "value": r["value"].decode()}
+                    for r in out.orderBy("key").limit(SHOW_ROWS).collect()]
+            result = {"count": windows.count(), "written": totals.count(), "rows": rows}
         finally:
             spark.stop()
     except Exception as e:          # reported, never raised: Spark is optional
@@ -73,4 +114,4 @@ def _main(data_dir: str, topic: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    _main(sys.argv[1])

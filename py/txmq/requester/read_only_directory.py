@@ -272,6 +272,13 @@ class PartitionView:
                               timestamp_unit, gather_below)
 
 
+def _inode(path: str):
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
 class _PartitionReader:
     """Builds :class:`PartitionView`s of one partition directory."""
 
@@ -280,6 +287,7 @@ class _PartitionReader:
         self.topic = topic
         self.index = index
         self.path = os.path.join(directory.path, "topics", topic, str(index))
+        self.inode = _inode(self.path)
         self._rv_map = None
         self._segs: dict = {}          # (base, size, next offset) -> Segment
         self._aborted_key = None
@@ -488,7 +496,9 @@ class ReadOnlyDirectory:
         if partition not in self.partitions(topic):
             raise PartitionNotFoundError(topic, partition)
         reader = self._readers.get((topic, partition))
-        if reader is None:
+        if reader is None or reader.inode != _inode(reader.path):
+            # (a topic deleted and created again under its name since: its
+            # readview and segments are other files now)
             reader = self._readers[(topic, partition)] = _PartitionReader(self, topic, partition)
         return reader.view()
 

@@ -177,6 +177,46 @@ class StagedWriter:
             pass
 
 
+def check_sink_schema(schema: pa.Schema) -> None:
+    """Refuse an Arrow schema that is not the sink's before anything is
+    staged: ``value`` binary or string (required), ``key`` binary or
+    string, ``headers`` list<struct<key string, value binary>>,
+    ``partition`` int32, ``topic`` string; other columns are ignored, as
+    Spark's Kafka sink ignores them. Raises :class:`InvalidArgumentError`
+    naming the column and its type."""
+    names = schema.names
+    if "value" not in names:
+        raise InvalidArgumentError("columns", names, "a 'value' column (binary or string), as Spark's Kafka sink")
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError("columns", names, "each column name once")
+    for f in schema:
+        t = f.type
+        if f.name in ("key", "value"):
+            ok, expected = _is_binary_like(t), "binary or string"
+        elif f.name == "headers":
+            item = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else None
+            ok = (item is not None and pa.types.is_struct(item) and item.num_fields == 2
+                  and item[0].name == "key" and _is_string(item[0].type) and item[1].name == "value"
+                  and (pa.types.is_binary(item[1].type) or pa.types.is_large_binary(item[1].type)))
+            expected = "list<struct<key string, value binary>>"
+        elif f.name == "partition":
+            ok, expected = pa.types.is_int32(t), "int32 (Spark's int)"
+        elif f.name == "topic":
+            ok, expected = _is_string(t), "string"
+        else:
+            continue
+        if not ok:
+            raise InvalidArgumentError(f"{f.name} column", str(t), expected)
+
+
+def _is_string(t) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_binary_like(t) -> bool:
+    return _is_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
 def _binary(col, name: str):
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
