@@ -450,7 +450,7 @@ class _Checker:
     def _recovery_point_in(self, pdir: str, point: tuple, seg: Segment, damaged: bool) -> None:
         """The recovery point's position is a batch boundary of its segment
         where its next offset starts (or the segment's end)."""
-        base, pos, next_offset = point
+        base, pos, next_offset = point[:3]
         if damaged and pos > seg.size:
             return                      # the segment's damage is reported; the open rescans
         if pos == seg.size:

@@ -228,7 +228,7 @@ class PartitionView:
                 if info.base_offset >= limit:
                     return
                 yield seg, pos, info
-                pos += info.length
+                pos = seg.next_position(pos)      # past quarantined bytes: their offsets are lost
 
     def limit(self, isolation: str, end: int | None) -> int:
         return read_limit(isolation == "read_committed", self.max_read_position, self.log_end, end)
