@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import mmap
 import os
 import struct
@@ -68,7 +69,7 @@ from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQ
 from txmq.batcharrow import batch_arrays
 from txmq.storage.cursor import replay as replay_cursor
 from txmq.storage.datadir import lock_files
-from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentError, PartitionNotFoundError,
+from txmq.errors import (CorruptLogError, DataDirLockedError, DataLossError, InvalidArgumentError, PartitionNotFoundError,
                          TopicNotFoundError)
 from txmq.message import MessageId
 from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
@@ -80,6 +81,8 @@ from txmq.storage.loader import READ_ONLY, LogLoader, open_read_only, published_
 from txmq.storage.log import offset_for_time
 from txmq.storage.txnbuffer import replay_txn_header
 from txmq.transactions.records import TxnID
+
+log = logging.getLogger("txmq.readonly")
 
 __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
 
@@ -212,23 +215,55 @@ class PartitionView:
     epoch: int = 0
     bases: list = field(default_factory=list)
 
-    def batches(self, start: int, limit: int):
+    def batches(self, start: int, limit: int, lost_cb=None):
         """``(segment, position, BatchInfo)`` of every batch (markers too)
-        that holds an offset in [start, limit), in offset order."""
+        that holds an offset in [start, limit), in offset order. Offsets in
+        quarantined bytes are passed over: ``lost_cb(first, end, segment
+        path, byte)`` is told of each such run in [start, limit)."""
         if start >= limit or not self.segments:
             return
         i = max(0, bisect.bisect_right(self.bases, start) - 1)
+        expected = start
         for s in self.segments[i:]:
             if s.base >= limit:
-                return
+                break
             seg = s.segment
             pos = seg.locate(max(start, s.base)) if s.size else -1
             while 0 <= pos < s.size:
                 info = seg.batch_at(pos)
+                if info.base_offset > expected and lost_cb is not None:
+                    self._lost(seg, expected, min(info.base_offset, limit), lost_cb)
                 if info.base_offset >= limit:
                     return
                 yield seg, pos, info
+                expected = info.next_offset
                 pos = seg.next_position(pos)      # past quarantined bytes: their offsets are lost
+        if expected < min(limit, self.log_end) and lost_cb is not None:
+            self._lost(self.segments[-1].segment, expected, min(limit, self.log_end), lost_cb)
+
+    def _lost(self, seg, first: int, end: int, lost_cb) -> None:
+        where = [(s.segment.path, q[0]) for s in self.segments for q in s.segment.quarantined()
+                 if q[2] < end and q[3] > first]
+        path, pos = where[0] if where else (seg.path, None)
+        lost_cb(first, end, path, pos)
+
+    def lost(self, start: int = 0, end: int | None = None) -> list:
+        """[(first, end)] of the offsets in [start, end) this view's
+        segments hold in quarantined bytes (found so far: by opening, or by
+        a read that met them)."""
+        end = self.log_end if end is None else end
+        return [(max(q[2], start), min(q[3], end)) for s in self.segments for q in s.segment.quarantined()
+                if q[2] < end and q[3] > start]
+
+    def _loss_cb(self, fail: bool):
+        def lost(first, end, path, pos):
+            if fail:
+                raise DataLossError(self.topic, self.partition, first, end, f"offsets {first}..{end - 1} are "
+                                    f"quarantined (their bytes fail their checks)", path=path, position=pos,
+                                    hint="read with fail_on_data_loss=False to skip them")
+            log.warning("txmq: %s/%d: offsets %d..%d skipped: quarantined in %s at byte %s", self.topic,
+                        self.partition, first, end - 1, path, pos)
+        return lost
 
     def limit(self, isolation: str, end: int | None) -> int:
         return read_limit(isolation == "read_committed", self.max_read_position, self.log_end, end)
@@ -244,13 +279,15 @@ class PartitionView:
         """A marker, or (``committed``) a batch of an aborted transaction."""
         return never_delivered(info, self.aborted, committed)
 
-    def read(self, start: int, end: int | None = None, isolation: str = "read_committed"):
+    def read(self, start: int, end: int | None = None, isolation: str = "read_committed",
+             fail_on_data_loss: bool = False):
         """:meth:`ReadOnlyDirectory.read` within this view."""
         _check_isolation(isolation)
-        return self._read(max(start, self.log_start), self.limit(isolation, end), isolation == "read_committed")
+        return self._read(max(start, self.log_start), self.limit(isolation, end), isolation == "read_committed",
+                          self._loss_cb(fail_on_data_loss))
 
-    def _read(self, start: int, limit: int, committed: bool):
-        for seg, pos, info in self.batches(start, limit):
+    def _read(self, start: int, limit: int, committed: bool, lost_cb=None):
+        for seg, pos, info in self.batches(start, limit, lost_cb):
             if self.skipped(info, committed):
                 continue
             first = max(start, info.base_offset)
@@ -259,7 +296,7 @@ class PartitionView:
 
     def read_arrow(self, start: int, end: int | None = None, isolation: str = "read_committed",
                    max_rows: int = 65536, include_headers: bool = False, timestamp_unit: str = "ms",
-                   gather_below: int = GATHER_BELOW):
+                   gather_below: int = GATHER_BELOW, fail_on_data_loss: bool = False):
         """:meth:`ReadOnlyDirectory.read_arrow` within this view."""
         _check_isolation(isolation)
         if not isinstance(max_rows, int) or max_rows < 1:
@@ -269,7 +306,7 @@ class PartitionView:
         limit = self.limit(isolation, end)
         start = max(start, self.log_start)
         return _arrow_batches(self, start, limit, isolation == "read_committed", max_rows, include_headers,
-                              timestamp_unit, gather_below)
+                              timestamp_unit, gather_below, self._loss_cb(fail_on_data_loss))
 
 
 class _PartitionReader:
@@ -514,19 +551,24 @@ class ReadOnlyDirectory:
     # -- reading ----------------------------------------------------------------
 
     def read(self, topic: str, partition: int, start: int, end: int | None = None,
-             isolation: str = "read_committed"):
+             isolation: str = "read_committed", fail_on_data_loss: bool = False):
         """Messages of one partition with offsets in [start, end), in offset
         order, as :class:`txmq.Message` (key, value, headers, message_id,
         event_time, publish_time, txn_id). ``end`` defaults to, and is
         capped by, maxReadPosition under ``read_committed`` and the log end
         under ``read_uncommitted``. Markers are never returned; batches of
         aborted transactions only under ``read_uncommitted``. A ``start``
-        below the log start begins at the log start."""
-        return self.view(topic, partition).read(start, end, isolation)
+        below the log start begins at the log start.
+
+        Offsets whose bytes failed their checks (quarantined: docs/FORMAT.md)
+        are skipped and logged; with ``fail_on_data_loss`` the read raises
+        :class:`txmq.errors.DataLossError` (path and byte) on reaching them
+        instead."""
+        return self.view(topic, partition).read(start, end, isolation, fail_on_data_loss)
 
     def read_arrow(self, topic: str, partition: int, start: int, end: int | None = None,
                    isolation: str = "read_committed", max_rows: int = 65536, include_headers: bool = False,
-                   timestamp_unit: str = "ms", gather_below: int = GATHER_BELOW):
+                   timestamp_unit: str = "ms", gather_below: int = GATHER_BELOW, fail_on_data_loss: bool = False):
         """``pyarrow.RecordBatch``es of the messages :meth:`read` would
         return, at most ``max_rows`` rows each, with the columns of Spark's
         Kafka source (:data:`arrow_schema`).
@@ -539,7 +581,7 @@ class ReadOnlyDirectory:
         decoded. ``timestamp_unit``: "ms", or "us" for Spark (whose Arrow
         reader takes microsecond timestamps only)."""
         return self.view(topic, partition).read_arrow(start, end, isolation, max_rows, include_headers,
-                                                      timestamp_unit, gather_below)
+                                                      timestamp_unit, gather_below, fail_on_data_loss)
 
     # -- subscriptions and transactions (inspection) ---------------------------------
 
@@ -688,7 +730,7 @@ def arrow_schema(include_headers: bool = False, timestamp_unit: str = "ms"):
 
 
 def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool, max_rows: int,
-                   include_headers: bool, unit: str, gather_below: int):
+                   include_headers: bool, unit: str, gather_below: int, lost_cb=None):
     """Record batches of at most ``max_rows`` rows. A batch of
     ``gather_below`` rows or more is yielded on its own, its key and value
     columns views of the mapping (Arrow's binary layout has one offsets
@@ -720,7 +762,7 @@ def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool,
         return record_batch(pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
                             np.asarray(offsets, np.int64), np.asarray(times, np.int64), headers)
 
-    for seg, pos, info in view.batches(start, limit):
+    for seg, pos, info in view.batches(start, limit, lost_cb):
         if view.skipped(info, committed):
             continue
         i0 = max(start, info.base_offset) - info.base_offset

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from txmq._batch import HEADER_SIZE_BYTES
 from txmq._segment import Segment
 from txmq.errors import CorruptLogError
 from txmq.storage.index import (INDEX_ENTRY, batches_end, index_problem, load_entries, rewrite_index, torn)
@@ -217,7 +218,7 @@ class LogLoader:
             bad = seg.recover(pos, next_offset, True, last or self.holes_end)
             self._note_quarantined(seg, known)
             if bad is not None:
-                if last or self.holes_end or next_base <= seg.next_offset:
+                if last or next_base <= seg.next_offset or (self.holes_end and _is_hole(seg.path, bad[0])):
                     self._cut(segments, bad, bases[i + 1:], last)
                     break
                 self._quarantine_tail(seg, bad[0], next_base, bad[1])
@@ -425,6 +426,15 @@ class Quarantined:
     def as_dict(self) -> dict:
         return {"segment": self.segment, "position": self.position, "end_position": self.end_position,
                 "first_offset": self.first_offset, "end_offset": self.end_offset, "reason": self.reason}
+
+
+def _is_hole(path: str, pos: int) -> bool:
+    """Whether the bad bytes at ``pos`` of segment file ``path`` are what a
+    power loss leaves of a write that had not reached the disk: a zeroed
+    batch header, or a file that ends before a header would."""
+    with open(path, "rb") as f:
+        head = os.pread(f.fileno(), HEADER_SIZE_BYTES, pos)
+    return len(head) < HEADER_SIZE_BYTES or not head[:8].strip(b"\0")
 
 
 def _still_holds(seg: Segment, q: Quarantined) -> bool:

@@ -442,6 +442,8 @@ class Partition(SegmentLog):
             "bytes": sum(s.size for s in segs),
             "segments": len(segs),
             "truncated_on_open": [str(d) for d in self.dropped],
+            "quarantined": [q.as_dict() | {"path": self._file(q.segment, ".log")} for q in self.quarantined()],
+            "lost_offsets": sum(q.end_offset - q.first_offset for q in self.quarantined()),
             "producer_ids": len(self.producer_state),
         } | self.txn_stats()
 
