@@ -671,10 +671,10 @@ def test_check_flipped_byte_in_a_batch(capsys, logs):
     before = _tree(logs)
     code, problems = _problems(capsys, logs)
     assert code == exits.PROBLEMS
-    # A clean close put the recovery point at the end: opening trusts the
-    # segment and the batch fails its CRC when read (test_loader_agreement).
-    assert problems[0][:3] == (seg, target, "CRC mismatch; below the recovery point, so opening keeps it and "
-                                            "a read of this batch raises CorruptLogError")
+    # The batches after it are sound: the bad one is quarantined, not cut
+    # with them (test_loader_agreement).
+    assert problems[0][:3] == (seg, target, "CRC mismatch; opening keeps the log around it: its offsets are "
+                                            "quarantined (lost), readers skip them and report the loss")
     assert problems[0][3] == "corrupt"
     assert _tree(logs) == before                  # nothing modified
     code, out, _ = run(capsys, "check", logs)

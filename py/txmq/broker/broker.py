@@ -493,7 +493,7 @@ class Broker:
     def subscribe(self, topic: str, subscription: str, type: str = "exclusive", *,
                   isolation: str = "read_committed", initial_position: str = "latest",
                   ack_timeout: float | None = None, nack_delay: float = 1.0,
-                  consumer_name: str | None = None) -> Consumer:
+                  consumer_name: str | None = None, fail_on_data_loss: bool = False) -> Consumer:
         """Attach a consumer to ``subscription`` on ``topic``, creating the
         subscription at ``initial_position`` if it does not exist.
 
@@ -504,6 +504,10 @@ class Broker:
         :class:`IsolationLevelMismatchError`. ``ack_timeout`` seconds (None:
         never) redelivers what a consumer holds unacknowledged that long;
         ``nack_delay`` seconds is how long a nacked message waits.
+        ``fail_on_data_loss``: on reaching offsets lost to bytes that failed
+        their checks (quarantined), raise :class:`DataLossError` (path and
+        byte) instead of passing over them; either way they stay
+        unacknowledged until :meth:`Consumer.skip_data_loss`.
         """
         self._check_open()
         choice_option("subscription type", type, TYPES)
@@ -535,7 +539,7 @@ class Broker:
                     if not sub.consumers:
                         sub.ack_timeout = ack_timeout
                         sub.nack_delay = nack_delay
-            return Consumer(self, sub, consumer_name)
+            return Consumer(self, sub, consumer_name, fail_on_data_loss)
 
     def _unsubscribe(self, consumer: Consumer) -> None:
         with self._lock:

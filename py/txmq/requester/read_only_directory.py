@@ -75,9 +75,9 @@ from txmq.message import MessageId
 from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
 from txmq.storage.delivery import ISOLATIONS, backlog, never_delivered, read_limit
-from txmq.storage.layout import (READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, read_txn_snapshot, segment_bases,
-                                 txnindex_entries)
-from txmq.storage.loader import READ_ONLY, LogLoader, open_read_only, published_segments
+from txmq.storage.layout import (QUARANTINE_FILE, READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, read_quarantine,
+                                 read_txn_snapshot, segment_bases, segment_file, txnindex_entries)
+from txmq.storage.loader import READ_ONLY, LogLoader, Quarantined, open_read_only, published_segments
 from txmq.storage.log import offset_for_time
 from txmq.storage.txnbuffer import replay_txn_header
 from txmq.transactions.records import TxnID
@@ -214,6 +214,7 @@ class PartitionView:
     aborted: AbortSet
     epoch: int = 0
     bases: list = field(default_factory=list)
+    directory: str = ""         # the partition's folder
 
     def batches(self, start: int, limit: int, lost_cb=None):
         """``(segment, position, BatchInfo)`` of every batch (markers too)
@@ -246,6 +247,18 @@ class PartitionView:
                  if q[2] < end and q[3] > first]
         path, pos = where[0] if where else (seg.path, None)
         lost_cb(first, end, path, pos)
+
+    def quarantined(self) -> list:
+        """The quarantined ranges of this partition as dicts (segment,
+        position, end_position, first_offset, end_offset, reason, path):
+        those its ``quarantine.json`` lists and those this view's reads and
+        scans found, within the view's log."""
+        found = {(q.segment, q.position): q for q in _saved_quarantine(self.directory)}
+        for s in self.segments:
+            for q in s.segment.quarantined():
+                found[(s.base, q[0])] = Quarantined(s.base, *q)
+        return [q.as_dict() | {"path": segment_file(self.directory, q.segment)}
+                for _, q in sorted(found.items()) if self.log_start <= q.first_offset < self.log_end]
 
     def lost(self, start: int = 0, end: int | None = None) -> list:
         """[(first, end)] of the offsets in [start, end) this view's
@@ -381,7 +394,7 @@ class _PartitionReader:
             raise _Moved(f"segments {bases[:1]}..{bases[-1:]}, readview {rv.log_start}..{rv.active_base}")
         segs = [self._segment(base, size, next_offset) for base, size, next_offset in plan]
         return PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
-                             "readview", segs, aborted, rv.epoch, [s.base for s in segs])
+                             "readview", segs, aborted, rv.epoch, [s.base for s in segs], self.path)
 
     def _segment(self, base: int, size: int, next_offset: int) -> _Seg:
         """Segment ``base`` known good up to ``size`` bytes (-1: the whole
@@ -433,7 +446,7 @@ class _PartitionReader:
         start = segs[0].base if segs else (rv.log_end if rv is not None else 0)
         end = segs[-1].next_offset if segs else start
         view = PartitionView(self.topic, self.index, start, end, end, "scan", segs, AbortSet(), 0,
-                             [s.base for s in segs])
+                             [s.base for s in segs], self.path)
         if rv is not None and rv.log_start <= end and rv.log_end <= end:
             # The log holds all the read view vouches for: its transaction
             # state (no transaction open below its maxReadPosition, the
@@ -667,6 +680,15 @@ class ReadOnlyDirectory:
 def open(path, *, wait_s: float = 10.0) -> ReadOnlyDirectory:   # noqa: A001 - the module's verb
     """Open the data directory at ``path`` read-only (no lock, no writes)."""
     return ReadOnlyDirectory(path, wait_s=wait_s)
+
+
+def _saved_quarantine(directory: str) -> list:
+    """The ranges of a partition's ``quarantine.json`` (none when it is
+    missing or does not parse: reads find the damage again)."""
+    try:
+        return [Quarantined(*q) for q in read_quarantine(os.path.join(directory, QUARANTINE_FILE))]
+    except (OSError, CorruptLogError):
+        return []
 
 
 def _check_isolation(isolation: str) -> None:

@@ -193,6 +193,10 @@ class SegmentLog:
         by the first read below a recovery point that met them."""
         return [Quarantined(seg.base_offset, *q) for seg in self._segments for q in seg.quarantined()]
 
+    def segment_path(self, base: int) -> str:
+        """The path of segment ``base``'s file."""
+        return self._file(base, SEGMENT_SUFFIX)
+
     def lost_offsets(self, start: int, end: int) -> list:
         """[(first, end)] of the quarantined offsets in [start, end)."""
         return [(max(q.first_offset, start), min(q.end_offset, end)) for q in self.quarantined()

@@ -64,6 +64,10 @@ class Topic:
             "end_offsets": [p.end_offset for p in self.partitions],
             "start_offsets": [p.start_offset for p in self.partitions],
             "subscriptions": sorted(self.subscriptions),
+            # Offsets lost to bytes that failed their checks, per partition
+            # that has any (docs/FORMAT.md, "Quarantine").
+            "quarantined": {str(p.index): qs for p in self.partitions
+                            if (qs := [q.as_dict() | {"path": p.segment_path(q.segment)} for q in p.quarantined()])},
         }
 
     def close(self) -> None:
