@@ -14,9 +14,10 @@ that fails a check is a torn or corrupt tail. A sealed segment ends at its
 last batch.
 
 The active segment is a file of ``segment_bytes_max`` bytes whose blocks
-are reserved with ``posix_fallocate`` a chunk ahead of the writer (a full
-disk is an ``OSError`` at append time), mapped read-only at its full
-capacity.
+are reserved with ``posix_fallocate`` a chunk ahead of the writer (on a
+nearly full disk, just what the batch needs; a full disk is a
+``StorageFullError`` at append time, the batch not written and the log end
+unchanged), mapped at its full capacity.
 
 Each message byte is copied once, from the caller's buffers into the page
 cache behind the mapping, by one of two sinks. A fresh page of a shared
@@ -49,7 +50,7 @@ Bounds: every position read from a file goes through ``check_batch`` before
 it is dereferenced, so this module turns off Cython's own checks.
 """
 from cpython.pyport cimport PY_SSIZE_T_MAX
-from libc.errno cimport errno, EINTR
+from libc.errno cimport errno, EINTR, ENOSPC, EDQUOT
 from libc.stdint cimport uint16_t, int16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 from posix.uio cimport iovec, pwritev
@@ -59,7 +60,7 @@ import os
 
 import numpy as np
 
-from txmq.errors import CorruptLogError
+from txmq.errors import CorruptLogError, StorageFullError
 
 from _bytes cimport load_u32, load_i32, load_i64, load_u64
 from _batch_layout cimport *
@@ -122,6 +123,7 @@ cdef class Segment:
     cdef int fd
     cdef Py_ssize_t allocated
     cdef bint unreserved                 # the file system refused posix_fallocate
+    cdef bint fresh                      # created empty here: nothing to scan
     # CRC is checked once per batch per process. Verified: the prefix
     # [0, verified_end) read in order, and the tail [verified_from, size)
     # that recovery scanned or this process appended.
@@ -157,6 +159,9 @@ cdef class Segment:
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
         self.fd = os.open(self.path, flags, 0o644)
         file_size = os.fstat(self.fd).st_size
+        # A new file holds no batch: recovery must not read its pages (on
+        # tmpfs a read of a hole allocates one, a SIGBUS when it is full).
+        self.fresh = writable and file_size == 0
         if writable:
             self.capacity = max(capacity, file_size)
             if file_size < self.capacity:
@@ -232,6 +237,8 @@ cdef class Segment:
                 else:
                     rc = _pwritev_all(self.fd, pieces.iov, pieces.n, start)
             if rc < 0:
+                if errno == ENOSPC or errno == EDQUOT:
+                    raise StorageFullError(self.path, pieces.length, errno)
                 raise OSError(errno, f"cannot append {pieces.length} bytes: {os.strerror(errno)}")
             return 0
         finally:
@@ -245,8 +252,14 @@ cdef class Segment:
         want = min(self.capacity, max(end, self.allocated + FALLOCATE_CHUNK_C))
         with nogil:
             rc = posix_fallocate(self.fd, self.allocated, want - self.allocated)
+            if (rc == ENOSPC or rc == EDQUOT) and want > end:
+                # Not a chunk ahead: at least what this batch needs.
+                want = end
+                rc = posix_fallocate(self.fd, self.allocated, want - self.allocated)
         if rc == 95:  # EOPNOTSUPP: no reservation, so never store through the mapping
             self.unreserved = True
+        elif rc == ENOSPC or rc == EDQUOT:
+            raise StorageFullError(self.path, want - self.allocated, rc)
         elif rc != 0:
             raise OSError(rc, f"cannot reserve {want - self.allocated} bytes in {self.path}: {os.strerror(rc)}")
         self.allocated = want
@@ -303,9 +316,10 @@ cdef class Segment:
         cdef int64_t expected = start_offset
         cdef const char *base
         cdef str reason = None
-        if self.mapping is None:
+        if self.mapping is None or (self.fresh and start_pos == 0):
             self.size = 0
             self.next_offset = start_offset
+            self.allocated = 0
             return None if start_pos == 0 else (start_pos, "segment is empty")
         base = self.mapping.base
         limit = self.mapping.size

@@ -27,7 +27,7 @@ import threading
 from txmq._batch import BatchSpec
 from txmq._segment import Segment, SegmentClosedError
 from txmq._redolog import sync_dir
-from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
+from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError, StorageFullError
 from txmq.storage.index import append_index, index_problem, rewrite_index
 from txmq.files import write_atomic
 from txmq.storage.layout import (INDEX_SUFFIX, QUARANTINE_FILE, RECOVERY_POINT_FILE, SEGMENT_FILES, SEGMENT_SUFFIX,
@@ -216,7 +216,11 @@ class SegmentLog:
                             q.end_offset - 1, q.reason)
         path = os.path.join(self.path, QUARANTINE_FILE)
         if now:
-            write_atomic(path, quarantine_bytes(now), fsync=self.fsync != "never")
+            try:
+                write_atomic(path, quarantine_bytes(now), fsync=self.fsync != "never")
+            except StorageFullError as e:
+                log.warning("txmq: %s: %s not written (%s); written again later", self.name, QUARANTINE_FILE, e)
+                return
         else:
             _unlink(path)
         self._quarantine_saved = now
