@@ -196,6 +196,8 @@ cdef class Segment:
             raise PermissionError(f"{self.path} is open read-only")
         if start + need > self.capacity:
             return -1
+        if self.mapping is not None and self.mapping.torn():
+            self._raise_torn(start)
         self._reserve(start + need)
         # Small batches are stored through the mapping (a page's zero-fill
         # fault is shared by many of them); large ones skip the faults with
@@ -205,6 +207,8 @@ cdef class Segment:
         self._write(spec, self.mapping.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
                     else NULL, start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                     base_sequence, publish_time)
+        if self.mapping.torn():             # the store went to a page the file no longer has
+            self._raise_torn(start)
         self._indexed(start, base, publish_time)
         if self.verified_from > start:      # a segment never recovered: all of it is ours
             self.verified_from = start
@@ -349,6 +353,8 @@ cdef class Segment:
             self.last_publish_time = load_i64(base + pos + PUBLISH_TIME_OFFSET)
             expected += load_i32(base + pos + COUNT_OFFSET)
             pos += load_u32(base + pos + LENGTH_OFFSET)
+        if self.mapping.torn():
+            self._raise_torn(pos)
         self.size = pos
         self.verified_from = start_pos      # [0, start_pos) was trusted, not checked
         self.verified_end = 0
@@ -387,6 +393,8 @@ cdef class Segment:
                 if check_batch(p + q, limit - q, -1, True, NULL) is None:
                     return (q, load_i64(p + q + BASE_OFFSET_OFFSET))
             q += 8
+        if self.mapping.torn():
+            self._raise_torn(pos)
         return None
 
     def check_at(self, Py_ssize_t pos, int64_t expected=-1):
@@ -729,6 +737,8 @@ cdef class Segment:
         if pos < 0 or pos >= self.size or self.mapping is None or self.mapping.base == NULL:
             raise CorruptLogError(self.path, pos, "position outside the segment")
         reason = check_batch(self.mapping.base + pos, self.size - pos, -1, verify, &s)
+        if self.mapping.torn():
+            self._raise_torn(pos)
         if reason is not None:
             raise CorruptLogError(self.path, pos, reason)
         if verify and pos == self.verified_end:
@@ -736,6 +746,21 @@ cdef class Segment:
             if self.verified_end >= self.verified_from:
                 self.verified_from = 0      # prefix met tail: everything is checked
         return s
+
+    cdef int _raise_torn(self, Py_ssize_t pos) except -1:
+        """A page of the mapping faulted: the file lost bytes under it
+        (truncated by another process) or a block of it could not be
+        allocated. What was read there is zeros: stop with an error."""
+        size = os.fstat(self.fd).st_size if self.fd >= 0 else -1
+        raise CorruptLogError(self.path, min(pos, size) if size >= 0 else pos,
+                              f"the file changed under its mapping (now {size} bytes; truncated by another "
+                              f"process?): its mapped bytes can no longer be read")
+
+    def check_mapping(self):
+        """Raise CorruptLogError when a page of the mapping faulted since it
+        was made (``Mapping.torn``)."""
+        if self.mapping is not None and self.mapping.torn():
+            self._raise_torn(self.size)
 
     def batch_at(self, Py_ssize_t pos):
         self._pin()
@@ -771,8 +796,11 @@ cdef class Segment:
     cdef list _decode(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, id_type,
                       str topic, int partition, txn_id, bint as_messages):
         cdef Sections s = self._checked(pos)
-        return decode_batch(self.mapping.base + pos, s, self.path, pos, from_offset, limit, id_type,
-                            topic, partition, txn_id, as_messages)
+        out = decode_batch(self.mapping.base + pos, s, self.path, pos, from_offset, limit, id_type,
+                           topic, partition, txn_id, as_messages)
+        if self.mapping.torn():
+            self._raise_torn(pos)
+        return out
 
     def arrow_buffers(self, Py_ssize_t pos):
         self._pin()
@@ -816,6 +844,12 @@ cdef class Segment:
     @property
     def closed(self):
         return self.fd < 0
+
+    @property
+    def removed(self):
+        """Whether another process removed the file (it has no name left):
+        what is written to it would be lost on close."""
+        return self.fd >= 0 and os.fstat(self.fd).st_nlink == 0
 
     def __dealloc__(self):
         if self.fd >= 0:

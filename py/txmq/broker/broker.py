@@ -778,17 +778,27 @@ class Broker:
         if self._control is not None:
             self._control.close()
         self._scheduler.stop()
-        self._half.close()
+        failed = []          # an error closing one part (a file another process damaged) ends no other
+
+        def attempt(close) -> None:
+            try:
+                close()
+            except Exception as e:
+                failed.append(e)
+
+        attempt(self._half.close)
         for t in self._topics.values():
             for sub in t.subscriptions.values():
                 for c in list(sub.consumers):
                     c.closed = True
-            t.close()
+            attempt(t.close)
         self._topics.clear()
         for tc in self._coordinators:
-            tc.close()
-        self._producer_ids.close()
+            attempt(tc.close)
+        attempt(self._producer_ids.close)
         self._dir_lock.release()
+        if failed:
+            raise failed[0]
 
     @property
     def closed(self) -> bool:

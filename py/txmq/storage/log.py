@@ -273,10 +273,22 @@ class SegmentLog:
         self.last_publish_time = now
         return base
 
+    def _check_files(self) -> None:
+        """Stop with CorruptLogError when another process removed the
+        active segment or truncated it under its mapping: appending to it
+        would lose data (partition lock held; at every roll, checkpoint
+        and close)."""
+        seg = self.active
+        seg.check_mapping()
+        if seg.removed:
+            raise CorruptLogError(seg.path, 0, "the segment file was removed by another process while this "
+                                               "broker had it open; the partition stops taking writes")
+
     def _roll(self) -> None:
         """Seal the active segment and start the next, with a recovery
         point there (a subclass extends it to write what it keeps as of
         the same log end)."""
+        self._check_files()
         old = self.active
         old.seal()
         if self.fsync != "never":
@@ -299,6 +311,7 @@ class SegmentLog:
         their index entries and record a recovery point there (a subclass
         extends it to write what it keeps as of the same log end), so
         opening scans only what came after."""
+        self._check_files()
         seg = self.active
         if self.fsync != "never":
             seg.sync(self._checkpoint_pos, seg.size)
@@ -434,6 +447,7 @@ class SegmentLog:
     def _seal_active(self) -> None:
         """Make the active segment durable, trim it, rewrite its indexes and
         record a recovery point at its end (closing)."""
+        self._check_files()
         seg = self.active
         if self.fsync != "never":
             seg.sync()

@@ -430,11 +430,15 @@ class Partition(SegmentLog):
         with self.lock:
             if not self._segments:
                 return
-            self._write_snapshots()
-            self._seal_active()
-            self._publish(self.end_offset, RV_CLOSED)
-            self._close_segments()
-            self._readview.close()
+            try:
+                self._write_snapshots()
+                self._seal_active()
+                self._publish(self.end_offset, RV_CLOSED)
+            finally:
+                # Files another process damaged stop the seal with an
+                # error; the partition still lets go of them.
+                self._close_segments()
+                self._readview.close()
 
     def __repr__(self) -> str:
         return f"Partition({self.topic!r}, {self.index})"

@@ -71,7 +71,13 @@ class Topic:
         }
 
     def close(self) -> None:
-        for sub in self.subscriptions.values():
-            sub.close()
-        for p in self.partitions:
-            p.close()
+        """Close the subscriptions and partitions; an error closing one
+        (a file another process damaged) is raised after the others closed."""
+        failed = []
+        for close in [sub.close for sub in self.subscriptions.values()] + [p.close for p in self.partitions]:
+            try:
+                close()
+            except Exception as e:
+                failed.append(e)
+        if failed:
+            raise failed[0]
