@@ -143,7 +143,8 @@ def test_topics_create_list_describe_delete(capsys, tmp_path):
     assert lines[1].split() == ["events", "4", "0", "0", "60,000", "ms"]
     code, out, _ = run(capsys, "topics", "list", d, "--json")
     assert json.loads(out) == [{"name": "events", "partitions": 4, "retention_ms": 60000, "retention_bytes": None,
-                                "end_offsets": [0, 0, 0, 0], "start_offsets": [0, 0, 0, 0], "subscriptions": []}]
+                                "end_offsets": [0, 0, 0, 0], "start_offsets": [0, 0, 0, 0], "subscriptions": [],
+                                "quarantined": {}}]
     code, out, _ = run(capsys, "topics", d)            # the command before topics had actions
     assert code == 0 and "events" in out
     code, out, _ = run(capsys, "topics", "delete", d, "events")

@@ -7,9 +7,9 @@ import json
 import os
 
 from txmq._redolog import sync_dir
-from txmq.errors import StorageFullError
+from txmq.errors import CorruptLogError, StorageFullError
 
-__all__ = ["write_atomic", "write_json", "sync_dir", "is_full"]
+__all__ = ["write_atomic", "write_json", "read_json", "sync_dir", "is_full"]
 
 
 def is_full(e: OSError) -> bool:
@@ -46,3 +46,22 @@ def write_atomic(path: str, data: bytes, *, fsync: bool = True, sync_parent: boo
 def write_json(path: str, obj, *, sync_parent: bool = False) -> None:
     """:func:`write_atomic` of ``obj`` as JSON, always synced."""
     write_atomic(path, json.dumps(obj).encode(), sync_parent=sync_parent)
+
+
+def read_json(path: str) -> dict:
+    """The JSON object in the file at ``path``; CorruptLogError naming the
+    byte where it stops being one (a flipped byte in a config file is
+    damage, reported like any other, not a crash)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorruptLogError(path, e.start, "not UTF-8") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CorruptLogError(path, len(text[:e.pos].encode()), f"not valid JSON: {e.msg}") from None
+    if not isinstance(value, dict):
+        raise CorruptLogError(path, 0, "not a JSON object")
+    return value

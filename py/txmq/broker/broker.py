@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import logging
 import os
 import shutil
@@ -40,7 +39,7 @@ from txmq.client.consumer import Consumer
 from txmq._crc32c import crc32c_of
 from txmq._txn import COMMITTED, COMMITTING, OPEN
 from txmq.transactions.coordinator import TransactionCoordinator
-from txmq.errors import (BrokerClosedError, DataDirError, DataDirLockedError, InvalidArgumentError,
+from txmq.errors import (BrokerClosedError, CorruptLogError, DataDirError, DataDirLockedError, InvalidArgumentError,
                          InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
                          SubscriptionBusyError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
@@ -51,7 +50,7 @@ from txmq.transactions.producer_ids import ProducerRegistry
 from txmq.scheduler import MIN_INTERVAL, Scheduler
 from txmq import crashpoints
 from txmq.storage import datadir
-from txmq.files import sync_dir, write_json
+from txmq.files import read_json, sync_dir, write_json
 from txmq.client.half_producer import HalfProducer
 from txmq.storage.half_messages import HalfStore
 from txmq.broker.control_socket import ControlServer
@@ -225,8 +224,7 @@ class Broker:
             subs, sub_problems = datadir.clean_subscriptions(sdir)
             problems += sub_problems
             for sub in subs:
-                with open(os.path.join(sdir, sub, datadir.SUBSCRIPTION_CONFIG)) as f:
-                    meta = json.load(f)
+                meta = _subscription_config(os.path.join(sdir, sub, datadir.SUBSCRIPTION_CONFIG))
                 topic.subscriptions[sub] = Subscription(
                     self, topic, sub, os.path.join(sdir, sub), type=meta["type"],
                     isolation=meta["isolation"], initial_position=meta["initial_position"],
@@ -812,6 +810,16 @@ class Broker:
 
     def __repr__(self) -> str:
         return f"Broker({self.path!r}, fsync={self.fsync!r})"
+
+
+def _subscription_config(path: str) -> dict:
+    """A subscription's ``subscription.json``; CorruptLogError (path,
+    byte) when it is not one: its isolation level cannot be guessed."""
+    meta = read_json(path)
+    for key, allowed in (("type", TYPES), ("isolation", ISOLATIONS), ("initial_position", POSITIONS)):
+        if meta.get(key) not in allowed:
+            raise CorruptLogError(path, 0, f"{key} is {meta.get(key)!r}, not one of {', '.join(allowed)}")
+    return meta
 
 
 def _name_bytes(what: str, name) -> bytes:

@@ -51,7 +51,6 @@ readable until its last view (an Arrow array, a memoryview) is released.
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 import mmap
 import os
@@ -62,11 +61,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from txmq._batch import FLAG
+from txmq._crc32c import crc32c_of
 from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
                        replay_pending)
 from txmq.batcharrow import batch_arrays
+from txmq.files import read_json
 from txmq.storage.cursor import replay as replay_cursor
 from txmq.storage.datadir import lock_files
 from txmq.errors import (CorruptLogError, DataDirLockedError, DataLossError, InvalidArgumentError, PartitionNotFoundError,
@@ -79,6 +80,7 @@ from txmq.storage.layout import (QUARANTINE_FILE, READVIEW_FILE, TXNBUF_FILE, TX
                                  read_txn_snapshot, segment_bases, segment_file, txnindex_entries)
 from txmq.storage.loader import READ_ONLY, LogLoader, Quarantined, open_read_only, published_segments
 from txmq.storage.log import offset_for_time
+from txmq.storage.topic import Topic
 from txmq.storage.txnbuffer import replay_txn_header
 from txmq.transactions.records import TxnID
 
@@ -93,6 +95,7 @@ MARKER_ABORT = FLAG["marker_abort"]
 
 # A slot read as: closing generation, the eight fields, opening generation.
 _GEN = struct.Struct("<Q")
+_CRC_WORDS = struct.Struct("<QQQqqqqqQ")     # what a slot's CRC covers (the state word without it)
 _FIELDS = struct.Struct("<" + READVIEW_SLOT.format[2:-1])
 assert _FIELDS.size == READVIEW_SLOT.size - 16
 _TRIES = 64                   # rereads of a slot pair the writer keeps overwriting
@@ -116,7 +119,8 @@ class ReadView:
 
 def read_readview(buf) -> ReadView | None:
     """The newest whole slot of readview bytes ``buf`` (a mapping or bytes),
-    or None when the head is not a version-1 readview or no slot is whole.
+    or None when the head is not a version-2 readview or no slot is whole
+    and passes its CRC.
 
     Each slot is read closing generation first, fields next, opening
     generation last; the writer stores them in the opposite order, so equal
@@ -134,9 +138,11 @@ def read_readview(buf) -> ReadView | None:
             closing = _GEN.unpack_from(buf, off + READVIEW_GEN_END)[0]
             fields = _FIELDS.unpack_from(buf, off + 8)
             opening = _GEN.unpack_from(buf, off)[0]
-            if opening == closing and opening and fields[1] in (RV_RECOVERING, RV_LIVE, RV_CLOSED):
+            state, crc = fields[1] & 0xFFFFFFFF, fields[1] >> 32
+            if opening == closing and opening and state in (RV_RECOVERING, RV_LIVE, RV_CLOSED) \
+                    and crc == crc32c_of(_CRC_WORDS.pack(opening, fields[0], state, *fields[2:])):
                 if best is None or opening > best.generation:
-                    best = ReadView(opening, *fields)
+                    best = ReadView(opening, fields[0], state, *fields[2:])
         if best is not None:
             return best
     return None
@@ -335,6 +341,7 @@ class _PartitionReader:
         self._aborted_key = None
         self._aborted = None
         self._scanned = None           # (ReadView, PartitionView) of the last scan
+        self._txnindex_damaged = False  # a .txnindex entry failed its CRC at the last read of them
 
     def readview(self) -> ReadView | None:
         if self._rv_map is None:
@@ -393,8 +400,17 @@ class _PartitionReader:
         if plan is None:
             raise _Moved(f"segments {bases[:1]}..{bases[-1:]}, readview {rv.log_start}..{rv.active_base}")
         segs = [self._segment(base, size, next_offset) for base, size, next_offset in plan]
-        return PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
+        view = PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
                              "readview", segs, aborted, rv.epoch, [s.base for s in segs], self.path)
+        if self._txnindex_damaged:
+            # An entry fails its CRC (damage: the writer writes whole
+            # entries before it publishes): the transaction state as
+            # opening builds it, from the snapshot and the published log.
+            ongoing, view.aborted, replay_from = self._txn_snapshot(rv.log_start, rv.log_end)
+            for _, _, info in view.batches(max(replay_from, rv.log_start), rv.log_end):
+                if info.flags & TRANSACTIONAL:
+                    replay_txn_header(info, ongoing, view.aborted)
+        return view
 
     def _segment(self, base: int, size: int, next_offset: int) -> _Seg:
         """Segment ``base`` known good up to ``size`` bytes (-1: the whole
@@ -414,6 +430,7 @@ class _PartitionReader:
         if key == self._aborted_key:
             return self._aborted
         aborted = AbortSet()
+        self._txnindex_damaged = False
         # In segment order, so the set is in marker order (listdir's is arbitrary).
         names = sorted((n for n in os.listdir(self.path) if n.endswith(TXNINDEX_SUFFIX)),
                        key=lambda n: int(n[:-len(TXNINDEX_SUFFIX)]))
@@ -425,7 +442,10 @@ class _PartitionReader:
                 continue           # deleted by retention since listdir
             # Up to the first bad entry (one being appended, or damage): the
             # rest is not vouched for.
-            for hi, lo, _, first, marker in txnindex_entries(raw)[0]:
+            entries, bad = txnindex_entries(raw)
+            if bad is not None:
+                self._txnindex_damaged = True
+            for hi, lo, _, first, marker in entries:
                 aborted.add(hi, lo, first, marker)
         self._aborted_key, self._aborted = key, aborted
         return aborted
@@ -447,12 +467,13 @@ class _PartitionReader:
         end = segs[-1].next_offset if segs else start
         view = PartitionView(self.topic, self.index, start, end, end, "scan", segs, AbortSet(), 0,
                              [s.base for s in segs], self.path)
-        if rv is not None and rv.log_start <= end and rv.log_end <= end:
+        below = self._aborted_below(end) if rv is not None else None
+        if rv is not None and rv.log_start <= end and rv.log_end <= end and not self._txnindex_damaged:
             # The log holds all the read view vouches for: its transaction
             # state (no transaction open below its maxReadPosition, the
             # aborted ones in the .txnindex files) plus a replay after it.
             ongoing = OngoingQueue()
-            aborted = view.aborted = self._aborted_below(end)
+            aborted = view.aborted = below
             replay_from = rv.max_read_position
             view.source, view.epoch = ("readview" if rv.state == RV_CLOSED else "readview+scan"), rv.epoch
         else:
@@ -522,11 +543,10 @@ class ReadOnlyDirectory:
 
     def topic_config(self, topic: str) -> dict:
         """The topic's ``topic.json`` (partitions, retention)."""
-        try:
-            with builtin_open(os.path.join(self.path, "topics", topic, "topic.json")) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            raise TopicNotFoundError(topic) from None
+        tdir = os.path.join(self.path, "topics", topic)
+        if not os.path.exists(os.path.join(tdir, "topic.json")):
+            raise TopicNotFoundError(topic)
+        return Topic.load_config(tdir)       # CorruptLogError (path, byte) when damaged
 
     def partitions(self, topic: str) -> list:
         """The partition numbers of ``topic``: ``[0, .., N-1]``."""
@@ -615,8 +635,7 @@ class ReadOnlyDirectory:
         partition)`` gives the partition views (default :meth:`view`, a
         fresh one each): a caller that already holds them passes its own."""
         root = os.path.join(self.path, "subscriptions", topic, name)
-        with builtin_open(os.path.join(root, "subscription.json")) as f:
-            settings = json.load(f)
+        settings = read_json(os.path.join(root, "subscription.json"))
         isolation = settings.get("isolation", "read_committed")
         committed = isolation == "read_committed"
         out = dict(settings, name=name, topic=topic, partitions={})
