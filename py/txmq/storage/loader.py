@@ -10,32 +10,42 @@ LogLoader), in one of three modes that agree on every case:
 The walk (docs/FORMAT.md, "Opening a partition"): segments below the
 resume point (the ``recovery-point`` file) are trusted: their indexes are
 adopted and their end offset is read from the headers after the last index
-entry. From the resume point on, every batch is checked; the first that
-fails ends the log there. A missing or unsound recovery point, or one past
-the end of its segment's file, makes every segment scanned.
+entry. From the resume point on, every batch is checked. A batch that
+fails but is followed by a sound one (``Segment.find_batch``: a bounded
+scan for the next batch whose header and CRC check) is **quarantined**:
+its bytes are skipped, its offsets lost, the log around it kept; a bad
+tail with nothing sound after it ends the log there. A missing or unsound
+recovery point, or one past the end of its segment's file, makes every
+segment scanned. Holes (zeroed headers, a file that ends inside a header)
+and gaps between segments end the log when the recovery point says the
+writer ran with ``fsync="never"`` (a power loss keeps no promise, so the
+longest consistent prefix is kept and the rest reported); otherwise they
+are damage and quarantined too.
 
 Per case:
 
 ===============================  ==============  ==============  ===============
 case                             writer          read-only       check
 ===============================  ==============  ==============  ===============
-bad batch at/after resume point  cut there, drop  view ends there corrupt, "cuts"
+bad batch, sound ones after      quarantined     same            corrupt,
+(anywhere; below the resume      (below it: by                   "quarantined"
+point found by the first read)   the first read)
+bad tail of the last segment     cut there       view ends there corrupt, "cuts"
+hole / gap, fsync="never"        cut there, drop same            corrupt, "cuts"
                                  later segments
-bad batch below resume point     kept; a read of  same            corrupt, "keeps"
-                                 it raises
-                                 CorruptLogError
-gap between segments (or a       CorruptLogError  same error      corrupt,
-trusted segment that ends short) (path, byte)                    "refuses"
-index of a trusted segment       rebuilt by a     same scan,      repairable (or
-missing / wrong                  scan; a bad      same error      "refuses")
-                                 batch refuses
-index of the resume point's      rebuilt by a     same scan       repairable (or
-segment missing / wrong          scan from byte                   "cuts")
-                                 0; a bad batch
-                                 cuts
-recovery point missing / bad     scan every       scan every      repairable
-                                 segment          segment
+hole / gap, durable or unknown   quarantined     same            corrupt,
+                                                                 "quarantined"
+segments that overlap            CorruptLogError same error      corrupt,
+                                 (path, byte)                    "refuses"
+index of a segment missing /     rebuilt by a    same scan       repairable
+wrong                            scan
+recovery point missing / bad     scan every      scan every      repairable
+                                 segment         segment
 ===============================  ==============  ==============  ===============
+
+Quarantined ranges are kept in ``quarantine.json`` (restored on open where
+they still hold), so stats, ``topics describe`` and ``txmq check`` list
+them before any read.
 
 Snapshots (``txnbuffer.snap``, ``producers.snap``) belong to the
 transaction buffer and the producer state, not to this walk: a bad one is
@@ -360,6 +370,10 @@ class LogLoader:
         for seg in opened or ():
             seg.close(False)
         cut_at = (walk.cut[0], walk.cut[1]) if opened is not None and walk.cut is not None else None
+        if cut_at is not None and self.published is not None \
+                and cut_at == (segment_file(self.directory, self.published[0]), cut_at[1]) \
+                and cut_at[1] >= self.published[1]:
+            cut_at = None                 # past what the live owner has published: being written now
         segments = []
         dropped = opened is None          # past the cut (or refused): nothing after is the log's
         bases = self.bases
