@@ -1,9 +1,10 @@
 """Corrupted data directories (docs/GUARANTEES.md; fuzzing
 every decoder"): seeded byte flips and truncations in segment logs, index
 and time-index files, recovery points and subscription cursors of a closed
-broker. Reopening must either succeed with a valid prefix of what was
-written, reporting what it cut off, or raise CorruptLogError naming the file
-and position; never crash, hang, or hand out wrong data.
+broker. Reopening must either succeed, every offset read back as written
+or reported lost (quarantined bytes: only the batches holding a flipped
+byte; a cut tail: reported), or raise CorruptLogError naming the file and
+position; never crash, hang, or hand out wrong data.
 
 Each reopen runs in a subprocess (a segfault must fail one case, not kill
 pytest) under a timeout.
