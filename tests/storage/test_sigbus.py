@@ -150,3 +150,17 @@ def test_read_only_reader_whose_segment_shrank_gets_an_error(tmp_path):
     for what in ("read", "arrow"):
         assert out[what][0] == "CorruptLogError" and out[what][1] == seg, out
     assert out["faulted"]
+
+
+def test_read_only_reader_whose_read_view_shrank_goes_on(tmp_path):
+    """The read view file is mapped too: cut under a reader, the reader
+    finds no whole slot and builds its view from the log."""
+    path = str(tmp_path / "d")
+    with txmq.Broker(path, fsync="never", segment_bytes_max=8192) as b:
+        b.create_topic("t", 1)
+        b.producer("t").send_batch([b"m%d" % i for i in range(50)])
+    rv = os.path.join(path, "topics", "t", "0", "readview")
+    out = _run(READER.replace('"faulted"] = any(s.segment.mapping.faulted for s in view.segments)',
+                              '"faulted"] = len(list(ro.view("t", 0).read(0)))'),
+               path, lambda: os.truncate(rv, 0))
+    assert out["read"] == "ok" and out["faulted"] == 50

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import mmap
 import os
 import struct
 import time
@@ -62,6 +61,7 @@ import numpy as np
 
 from txmq._batch import FLAG
 from txmq._crc32c import crc32c_of
+from txmq._mapping import Mapping
 from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
@@ -352,10 +352,19 @@ class _PartitionReader:
             try:
                 if os.fstat(fd).st_size < READVIEW_BYTES:
                     return None
-                self._rv_map = mmap.mmap(fd, READVIEW_BYTES, prot=mmap.PROT_READ)
+                # A txmq Mapping: should the file shrink under it, a read
+                # gets zeros (no whole slot) instead of a SIGBUS.
+                self._rv_mapping = Mapping(fd, READVIEW_BYTES, False)
+                self._rv_map = memoryview(self._rv_mapping)
             finally:
                 os.close(fd)
-        return read_readview(self._rv_map)
+        rv = read_readview(self._rv_map)
+        if self._rv_mapping.faulted:          # the file shrank: map it again next time
+            self._rv_map.release()
+            self._rv_mapping.close()
+            self._rv_map = None
+            return None
+        return rv
 
     def view(self) -> PartitionView:
         if not os.path.isdir(self.path):
