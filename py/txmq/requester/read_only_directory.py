@@ -70,8 +70,8 @@ from txmq.batcharrow import batch_arrays
 from txmq.files import read_json
 from txmq.storage.cursor import replay as replay_cursor
 from txmq.storage.datadir import lock_files
-from txmq.errors import (CorruptLogError, DataDirLockedError, DataLossError, InvalidArgumentError, PartitionNotFoundError,
-                         TopicNotFoundError)
+from txmq.errors import (CorruptLogError, DataDirLockedError, DataLossError, InvalidArgumentError,
+                         PartitionNotFoundError, TopicNotFoundError)
 from txmq.message import MessageId
 from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
