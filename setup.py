@@ -9,6 +9,8 @@ from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
 C_SOURCES = ["csrc/crc32c.c"]
+# C that one module owns: the SIGBUS handler's table must exist once.
+MODULE_SOURCES = {"mapping": ["csrc/sigbus.c"]}
 CFLAGS = ["-O3", "-std=c11", "-fno-strict-aliasing"]
 if os.environ.get("TXMQ_DEBUG_BUILD"):
     CFLAGS = ["-O0", "-g"]
@@ -18,7 +20,7 @@ def extension(pyx: Path) -> Extension:
     name = pyx.stem.lstrip("_")
     return Extension(
         f"txmq._{name}",
-        sources=[str(pyx.relative_to(HERE))] + C_SOURCES,
+        sources=[str(pyx.relative_to(HERE))] + C_SOURCES + MODULE_SOURCES.get(name, []),
         include_dirs=["csrc", "pyx", numpy.get_include()],
         extra_compile_args=CFLAGS,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

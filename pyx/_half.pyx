@@ -44,11 +44,13 @@ cdef extern from *:
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memcmp, memset
 
+import errno
 import os
 
 import numpy as np
 
 from txmq._mapping import Mapping
+from txmq.errors import StorageFullError
 
 from cpython.pyport cimport PY_SSIZE_T_MAX
 
@@ -176,7 +178,16 @@ cdef class StateTable:
 
     cdef _map(self, int64_t need):
         cdef int64_t cap = max(need + GROW_RECORDS, 2 * self.capacity)
-        os.ftruncate(self.fd, HEADER_SIZE + cap * RECORD_SIZE)
+        try:
+            # Records are stored through the mapping: their blocks must be
+            # reserved, or a store on a full disk is a SIGBUS.
+            os.posix_fallocate(self.fd, 0, HEADER_SIZE + cap * RECORD_SIZE)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFullError(self.path, (cap - self.capacity) * RECORD_SIZE, e.errno) from None
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.ftruncate(self.fd, HEADER_SIZE + cap * RECORD_SIZE)
         if self.mapping is not None:
             self.buf = None
             self.mapping.close()          # unmapped once the last view of it is gone

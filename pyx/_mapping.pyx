@@ -9,6 +9,12 @@ A mapping exports the buffer protocol (Arrow arrays and memoryviews wrap its
 bytes without copying) and counts every export and every pin (a read in
 progress). ``close()`` with any alive defers the unmap until the last one is
 released, so a reader never faults on an unmapped page.
+
+Every mapping is registered with the SIGBUS handler of ``csrc/sigbus.c``:
+a page that faults (its file was truncated by another process, or a full
+file system could not allocate it) reads as zeros and is counted
+(:meth:`Mapping.torn`, :attr:`Mapping.faulted`), and the module that
+touched the bytes raises a typed error, instead of the process dying.
 """
 from cpython.buffer cimport PyBUF_WRITABLE
 from libc.errno cimport errno
@@ -33,6 +39,12 @@ def msync_count():
     return msync_calls
 
 
+cdef extern from "sigbus.h":
+    int txmq_sigbus_install()
+    int txmq_sigbus_register(void *base, size_t size, int **faults)
+    void txmq_sigbus_unregister(int slot)
+
+
 cdef class Mapping:
     """A shared memory mapping of a file, exporting the buffer protocol.
 
@@ -51,6 +63,10 @@ cdef class Mapping:
         self.base = <char *>p
         self.size = size
         self.writable = writable
+        # Again at every mapping: a handler installed since (faulthandler)
+        # would otherwise take SIGBUS for itself.
+        txmq_sigbus_install()
+        self.slot = txmq_sigbus_register(p, size, &self.faults)
         if writable:
             # The active segment: its pages past the log end are reserved
             # zeros that read-ahead must not pull in a window at a time on
@@ -82,8 +98,15 @@ cdef class Mapping:
 
     cdef void _unmap(self) noexcept:
         if self.base != NULL:
+            txmq_sigbus_unregister(self.slot)
+            self.slot = -1
             munmap(self.base, self.size)
             self.base = NULL
+
+    @property
+    def faulted(self):
+        """Whether a page of the mapping faulted (:meth:`torn`)."""
+        return self.torn()
 
     def close(self):
         """Unmap now, or as soon as the last exported view is released."""

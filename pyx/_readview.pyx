@@ -8,6 +8,11 @@ A publish runs on every append, so it is a few plain 8-byte stores into the
 mapping: the opening generation, a release fence, the fields, a release
 fence, the closing generation. Readers load them in the opposite order
 (``txmq.readonly``).
+
+Version 2: the state word's upper 32 bits hold a CRC-32C of the slot's
+other words (the state in the lower 32), so a reader that finds a slot
+whole but damaged (a flipped byte: no writer rewrites it while none is
+live) does not trust it and builds its view from the log instead.
 """
 from libc.stdint cimport int64_t, uint64_t
 
@@ -17,7 +22,7 @@ import time
 
 from txmq._mapping import Mapping
 
-from _bytes cimport load_u64, store_u32, store_u64
+from _bytes cimport crc32c, load_u64, store_u32, store_u64
 
 cdef extern from *:
     """
@@ -45,11 +50,12 @@ cdef enum:
     BYTES = HEAD + SLOTS * SLOT
 
 MAGIC = b"TXRV"
-VERSION = 1
+VERSION = 2
 READVIEW_MAGIC, READVIEW_VERSION = MAGIC, VERSION
 READVIEW_HEAD = struct.Struct("<4sB3xII")           # magic, version, slot bytes, slots
-# generation, epoch, state, log start, log end, maxReadPosition, active
-# segment base and size, aborted-set version, generation again
+# generation, epoch, state (| CRC << 32), log start, log end,
+# maxReadPosition, active segment base and size, aborted-set version,
+# generation again
 READVIEW_SLOT = struct.Struct("<QQQqqqqqQQ")
 READVIEW_SLOTS = SLOTS
 READVIEW_BYTES = BYTES
@@ -100,11 +106,22 @@ cdef class ReadViewWriter:
             raise ValueError("readview is closed")
         cdef uint64_t g = self.generation + 1
         cdef char *s = self.base + HEAD + (g & 1) * SLOT
+        cdef uint64_t words[10]
+        words[0] = g
+        words[1] = self.epoch
+        words[2] = <uint64_t>state & 0xFFFFFFFF
+        words[3] = <uint64_t>start
+        words[4] = <uint64_t>end
+        words[5] = <uint64_t>max_read_position
+        words[6] = <uint64_t>active_base
+        words[7] = <uint64_t>active_size
+        words[8] = aborted_version
+        words[2] |= <uint64_t>crc32c(<const char *>words, 9 * 8) << 32
         self.generation = g
         store_u64(s + F_GEN, g)
         txmq_release_fence()
         store_u64(s + F_EPOCH, self.epoch)
-        store_u64(s + F_STATE, <uint64_t>state)
+        store_u64(s + F_STATE, words[2])
         store_u64(s + F_START, <uint64_t>start)
         store_u64(s + F_END, <uint64_t>end)
         store_u64(s + F_MAX_READ, <uint64_t>max_read_position)

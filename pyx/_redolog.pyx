@@ -28,10 +28,11 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport uint8_t, uint32_t
 from libc.string cimport memcpy
 
+import errno
 import os
 import threading
 
-from txmq.errors import CorruptLogError
+from txmq.errors import CorruptLogError, StorageFullError
 
 from _bytes cimport load_u32, store_u32, crc32c
 
@@ -180,11 +181,21 @@ class RedoLog:
             self.frames_since_snapshot += len(frames)
 
     def _write(self, buf):
-        n = os.pwrite(self._fd, buf, self.size)
-        if n != len(buf):  # a short write leaves a torn frame; rewrite the rest
-            view = memoryview(buf)
-            while n < len(buf):
-                n += os.pwrite(self._fd, view[n:], self.size + n)
+        try:
+            n = os.pwrite(self._fd, buf, self.size)
+            if n != len(buf):  # a short write leaves a torn frame; rewrite the rest
+                view = memoryview(buf)
+                while n < len(buf):
+                    n += os.pwrite(self._fd, view[n:], self.size + n)
+        except OSError as e:
+            # Nothing of a failed append stays: the next one starts where it did.
+            try:
+                os.ftruncate(self._fd, self.size)
+            except OSError:
+                pass
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFullError(self.path, len(buf), e.errno) from None
+            raise
         self.size += len(buf)
         self.written += len(buf)
 

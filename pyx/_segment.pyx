@@ -14,9 +14,10 @@ that fails a check is a torn or corrupt tail. A sealed segment ends at its
 last batch.
 
 The active segment is a file of ``segment_bytes_max`` bytes whose blocks
-are reserved with ``posix_fallocate`` a chunk ahead of the writer (a full
-disk is an ``OSError`` at append time), mapped read-only at its full
-capacity.
+are reserved with ``posix_fallocate`` a chunk ahead of the writer (on a
+nearly full disk, just what the batch needs; a full disk is a
+``StorageFullError`` at append time, the batch not written and the log end
+unchanged), mapped at its full capacity.
 
 Each message byte is copied once, from the caller's buffers into the page
 cache behind the mapping, by one of two sinks. A fresh page of a shared
@@ -33,11 +34,23 @@ The indexes (offset to position, publish time to offset) are sparse, one
 entry per ``index_interval`` bytes, and derived: an entry is trusted only
 once the batch it names passed a full check.
 
+Quarantine: bytes that fail their checks in the middle of a segment (a
+flipped byte, a bad length) are not cut together with the good batches
+after them. :meth:`Segment.find_batch` scans forward, 8 bytes at a time and
+never past the mapped bytes it is given, for the next batch whose header
+and CRC check with a base offset at or past the one expected; the bytes in
+between become a quarantined range ``(position, end position, first
+offset, end offset, reason)``. Every walk over the batches hops a
+quarantined range, so its offsets read as lost and everything around it
+reads as before. Ranges are found by recovery (``recover(quarantine=True)``)
+or, below a recovery point, by the first read that meets the bad bytes, and
+may be given back from the partition's quarantine file (:meth:`quarantine_add`).
+
 Bounds: every position read from a file goes through ``check_batch`` before
 it is dereferenced, so this module turns off Cython's own checks.
 """
 from cpython.pyport cimport PY_SSIZE_T_MAX
-from libc.errno cimport errno, EINTR
+from libc.errno cimport errno, EINTR, ENOSPC, EDQUOT
 from libc.stdint cimport uint16_t, int16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 from posix.uio cimport iovec, pwritev
@@ -47,7 +60,7 @@ import os
 
 import numpy as np
 
-from txmq.errors import CorruptLogError
+from txmq.errors import CorruptLogError, StorageFullError
 
 from _bytes cimport load_u32, load_i32, load_i64, load_u64
 from _batch_layout cimport *
@@ -110,6 +123,7 @@ cdef class Segment:
     cdef int fd
     cdef Py_ssize_t allocated
     cdef bint unreserved                 # the file system refused posix_fallocate
+    cdef bint fresh                      # created empty here: nothing to scan
     # CRC is checked once per batch per process. Verified: the prefix
     # [0, verified_end) read in order, and the tail [verified_from, size)
     # that recovery scanned or this process appended.
@@ -121,6 +135,10 @@ cdef class Segment:
     cdef public Py_ssize_t index_faults             # index entries found wrong and bypassed
     cdef object idx_ok                              # np.uint8 per offset-index entry: checked whole
     cdef Py_ssize_t idx_n, tix_n
+    # Quarantined ranges, by position: (pos, end pos, first offset, end
+    # offset, reason). Empty for a sound segment, so walks test nq first.
+    cdef list quarantine
+    cdef Py_ssize_t nq
 
     def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
                  Py_ssize_t index_interval=4096):
@@ -136,9 +154,14 @@ cdef class Segment:
         self.idx_ok = np.zeros(64, np.uint8)
         self.tix_ts = np.empty(64, np.int64)
         self.tix_off = np.empty(64, np.int64)
+        self.quarantine = []
+        self.nq = 0
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
         self.fd = os.open(self.path, flags, 0o644)
         file_size = os.fstat(self.fd).st_size
+        # A new file holds no batch: recovery must not read its pages (on
+        # tmpfs a read of a hole allocates one, a SIGBUS when it is full).
+        self.fresh = writable and file_size == 0
         if writable:
             self.capacity = max(capacity, file_size)
             if file_size < self.capacity:
@@ -173,6 +196,8 @@ cdef class Segment:
             raise PermissionError(f"{self.path} is open read-only")
         if start + need > self.capacity:
             return -1
+        if self.mapping is not None and self.mapping.torn():
+            self._raise_torn(start)
         self._reserve(start + need)
         # Small batches are stored through the mapping (a page's zero-fill
         # fault is shared by many of them); large ones skip the faults with
@@ -182,6 +207,8 @@ cdef class Segment:
         self._write(spec, self.mapping.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
                     else NULL, start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                     base_sequence, publish_time)
+        if self.mapping.torn():             # the store went to a page the file no longer has
+            self._raise_torn(start)
         self._indexed(start, base, publish_time)
         if self.verified_from > start:      # a segment never recovered: all of it is ours
             self.verified_from = start
@@ -214,6 +241,8 @@ cdef class Segment:
                 else:
                     rc = _pwritev_all(self.fd, pieces.iov, pieces.n, start)
             if rc < 0:
+                if errno == ENOSPC or errno == EDQUOT:
+                    raise StorageFullError(self.path, pieces.length, errno)
                 raise OSError(errno, f"cannot append {pieces.length} bytes: {os.strerror(errno)}")
             return 0
         finally:
@@ -227,8 +256,14 @@ cdef class Segment:
         want = min(self.capacity, max(end, self.allocated + FALLOCATE_CHUNK_C))
         with nogil:
             rc = posix_fallocate(self.fd, self.allocated, want - self.allocated)
+            if (rc == ENOSPC or rc == EDQUOT) and want > end:
+                # Not a chunk ahead: at least what this batch needs.
+                want = end
+                rc = posix_fallocate(self.fd, self.allocated, want - self.allocated)
         if rc == 95:  # EOPNOTSUPP: no reservation, so never store through the mapping
             self.unreserved = True
+        elif rc == ENOSPC or rc == EDQUOT:
+            raise StorageFullError(self.path, want - self.allocated, rc)
         elif rc != 0:
             raise OSError(rc, f"cannot reserve {want - self.allocated} bytes in {self.path}: {os.strerror(rc)}")
         self.allocated = want
@@ -268,36 +303,58 @@ cdef class Segment:
 
     # -- recovery ----------------------------------------------------------
 
-    def recover(self, Py_ssize_t start_pos, int64_t start_offset):
+    def recover(self, Py_ssize_t start_pos, int64_t start_offset, bint quarantine=False,
+                bint holes_end=False):
         """Scan and index batches from ``start_pos``; cut a torn tail.
 
         Returns ``None`` when the scan reached a clean end (zeroed bytes or
         the file end), else ``(position, reason)`` of the first batch that
         failed; bytes from there on are discarded (zeroed or truncated).
+        With ``quarantine``, a batch that fails but is followed by a sound
+        one (:meth:`find_batch`) is quarantined instead and the scan goes on
+        there, unless (``holes_end``) the bad bytes start with a zeroed
+        header: the hole a power loss leaves where write-back had not
+        reached, which ends the log.
         """
         cdef Py_ssize_t pos = start_pos, limit
         cdef int64_t expected = start_offset
         cdef const char *base
         cdef str reason = None
-        if self.mapping is None:
+        if self.mapping is None or (self.fresh and start_pos == 0):
             self.size = 0
             self.next_offset = start_offset
+            self.allocated = 0
             return None if start_pos == 0 else (start_pos, "segment is empty")
         base = self.mapping.base
         limit = self.mapping.size
         while pos < limit:
+            if self.nq:
+                pos = self._hop(pos, &expected)
+                if pos >= limit:
+                    break
             if limit - pos >= 8 and load_u64(base + pos) == 0:
                 if self._zero_from(pos, limit):
                     break
                 reason = "non-zero bytes after a zeroed batch header"
-                break
-            reason = check_batch(base + pos, limit - pos, expected, True, NULL)
+                if holes_end:
+                    break
+            else:
+                reason = check_batch(base + pos, limit - pos, expected, True, NULL)
             if reason is not None:
-                break
+                found = self.find_batch(pos + 8, expected + 1, limit) if quarantine else None
+                if found is None:
+                    break
+                self._add_quarantine(pos, found[0], expected, found[1], reason)
+                expected = found[1]
+                pos = found[0]
+                reason = None
+                continue
             self._indexed(pos, expected, load_i64(base + pos + PUBLISH_TIME_OFFSET))
             self.last_publish_time = load_i64(base + pos + PUBLISH_TIME_OFFSET)
             expected += load_i32(base + pos + COUNT_OFFSET)
             pos += load_u32(base + pos + LENGTH_OFFSET)
+        if self.mapping.torn():
+            self._raise_torn(pos)
         self.size = pos
         self.verified_from = start_pos      # [0, start_pos) was trusted, not checked
         self.verified_end = 0
@@ -311,6 +368,143 @@ cdef class Segment:
             return (pos, reason)
         return None
 
+    # -- quarantine -----------------------------------------------------------
+
+    def find_batch(self, Py_ssize_t pos, int64_t min_offset, Py_ssize_t limit=-1):
+        """``(position, base offset)`` of the first batch at or after
+        ``pos`` (8-byte aligned) and below ``limit`` (default: the log end)
+        whose header and CRC check and whose base offset is at least
+        ``min_offset``; None when there is none. A length read from a bad
+        header is never followed: each candidate is checked against the
+        bytes left below ``limit``, so no byte pattern makes the scan read
+        outside the mapping."""
+        cdef Py_ssize_t q
+        cdef const char *p
+        cdef uint64_t head = <uint64_t>BATCH_MAGIC | (<uint64_t>BATCH_VERSION << 32)
+        if self.mapping is None or self.mapping.base == NULL:
+            return None
+        if limit < 0:
+            limit = self.size
+        limit = min(limit, self.mapping.size)
+        q = (pos + 7) & ~(<Py_ssize_t>7)
+        p = self.mapping.base
+        while q + HEADER_SIZE <= limit:
+            if (load_u64(p + q) & 0xFF_FFFF_FFFF) == head and load_i64(p + q + BASE_OFFSET_OFFSET) >= min_offset:
+                if check_batch(p + q, limit - q, -1, True, NULL) is None:
+                    return (q, load_i64(p + q + BASE_OFFSET_OFFSET))
+            q += 8
+        if self.mapping.torn():
+            self._raise_torn(pos)
+        return None
+
+    def check_at(self, Py_ssize_t pos, int64_t expected=-1):
+        """None when a sound batch (CRC checked) whose base offset is
+        ``expected`` (-1: any) starts at ``pos`` of the mapped file, else
+        why not."""
+        if self.mapping is None or self.mapping.base == NULL:
+            return "segment is empty"
+        if pos < 0 or pos % 8 or pos >= self.mapping.size:
+            return "position outside the segment"
+        return check_batch(self.mapping.base + pos, self.mapping.size - pos, expected, True, NULL)
+
+    cdef _add_quarantine(self, Py_ssize_t pos, Py_ssize_t end_pos, int64_t first, int64_t end, str reason):
+        cdef Py_ssize_t i = 0
+        for entry in self.quarantine:
+            if entry[0] == pos:
+                return
+            if entry[0] > pos:
+                break
+            i += 1
+        self.quarantine.insert(i, (pos, end_pos, first, end, reason))
+        self.nq = len(self.quarantine)
+
+    def quarantine_add(self, Py_ssize_t pos, Py_ssize_t end_pos, int64_t first, int64_t end, str reason):
+        """Quarantine bytes [pos, end_pos) holding offsets [first, end):
+        a range found before (the partition's quarantine file) or one that
+        ends the segment (its batches stop short of the next segment)."""
+        if not (0 <= pos <= end_pos and first <= end):
+            raise ValueError(f"bad quarantine range {pos}..{end_pos}, offsets {first}..{end}")
+        self._add_quarantine(pos, end_pos, first, end, reason)
+        if end_pos > self.size:
+            self.size = end_pos
+        if end > self.next_offset:
+            self.next_offset = end
+
+    def quarantined(self):
+        """The quarantined ranges, by position: (position, end position,
+        first offset, end offset, reason)."""
+        return list(self.quarantine)
+
+    cdef Py_ssize_t _hop(self, Py_ssize_t pos, int64_t *expected):
+        """``pos``, or the end of the quarantined range(s) starting there
+        (``expected`` moves to the offset after them)."""
+        cdef bint moved = True
+        while moved:
+            moved = False
+            for entry in self.quarantine:
+                if entry[0] == pos and entry[1] >= pos:
+                    if self.verified_end == pos:
+                        self.verified_end = entry[1]
+                    pos = entry[1]
+                    if expected != NULL:
+                        expected[0] = entry[3]
+                    moved = entry[1] > entry[0]
+                    break
+        return pos
+
+    cdef Py_ssize_t _good_from(self, Py_ssize_t pos, int64_t expected) except -2:
+        """The position of the first sound batch at or after ``pos``, which
+        should hold ``expected``: past quarantined ranges, and past bad
+        bytes met now, which are quarantined (to the next sound batch, or
+        the segment's end). ``self.size`` at the end."""
+        cdef str reason
+        cdef bint verify
+        while True:
+            if self.nq:
+                pos = self._hop(pos, &expected)
+            if pos >= self.size:
+                return self.size
+            verify = self.verified_end <= pos < self.verified_from
+            reason = check_batch(self.mapping.base + pos, self.size - pos, expected, verify, NULL)
+            if self.mapping.torn():         # zeros of a file that shrank: not damage to quarantine
+                self._raise_torn(pos)
+            if reason is None:
+                if verify and pos == self.verified_end:
+                    self.verified_end = pos + load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+                    if self.verified_end >= self.verified_from:
+                        self.verified_from = 0
+                return pos
+            found = self.find_batch(pos + 8, expected + 1, self.size)
+            if found is None or found[1] >= self.next_offset:
+                self._add_quarantine(pos, self.size, expected, self.next_offset, reason)
+                return self.size
+            self._add_quarantine(pos, found[0], expected, found[1], reason)
+
+    def first_position(self):
+        """The position of the segment's first sound batch, past quarantined
+        bytes (a bad first batch met now is quarantined); the log end when
+        there is none."""
+        if self.size == 0:
+            return 0
+        self._pin()
+        try:
+            return self._good_from(0, self.base_offset)
+        finally:
+            self.mapping.unpin()
+
+    def next_position(self, Py_ssize_t pos):
+        """The position of the batch after the one at ``pos`` (a checked
+        one), past quarantined bytes; the log end when there is none."""
+        cdef Sections s
+        self._pin()
+        try:
+            s = self._checked(pos)
+            return self._good_from(pos + load_u32(self.mapping.base + pos + LENGTH_OFFSET),
+                                   load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET)
+                                   + load_i32(self.mapping.base + pos + COUNT_OFFSET))
+        finally:
+            self.mapping.unpin()
+
     def reindex(self):
         """Rebuild the sparse indexes from the batches (an index found wrong)."""
         cdef Py_ssize_t pos = 0
@@ -320,6 +514,10 @@ cdef class Segment:
             self.tix_n = 0
             self.last_indexed_pos = -self.index_interval
             while pos < self.size:
+                if self.nq:
+                    pos = self._hop(pos, NULL)
+                    if pos >= self.size:
+                        break
                 self._checked(pos)
                 self._indexed(pos, load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET),
                               load_i64(self.mapping.base + pos + PUBLISH_TIME_OFFSET))
@@ -339,11 +537,17 @@ cdef class Segment:
         self._pin()
         try:
             while pos < self.size:
+                if self.nq:
+                    pos = self._hop(pos, &expected)
+                    if pos >= self.size:
+                        break
                 reason = check_batch(self.mapping.base + pos, self.size - pos, expected, True, NULL)
                 if reason is not None:
                     return (pos, reason)
                 expected += load_i32(self.mapping.base + pos + COUNT_OFFSET)
                 pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            if self.nq:
+                self._hop(pos, &expected)
             if expected != self.next_offset:
                 return (pos, f"batches end at offset {expected}, segment claims {self.next_offset}")
             return None
@@ -371,6 +575,9 @@ cdef class Segment:
         while self.tix_n and self.tix_off[self.tix_n - 1] >= next_offset:
             self.tix_n -= 1
         self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
+        if self.nq:
+            self.quarantine = [q for q in self.quarantine if q[0] < pos]
+            self.nq = len(self.quarantine)
         # Shrinking and re-growing the file zeroes the tail and frees its blocks.
         os.ftruncate(self.fd, pos)
         os.ftruncate(self.fd, self.capacity)
@@ -422,7 +629,11 @@ cdef class Segment:
         if self.idx_n and self._idx_entry_ok(self.idx_n - 1):
             pos = self.idx_pos[self.idx_n - 1]
         p = self.mapping.base
-        while pos + HEADER_SIZE <= self.size and check_batch(p + pos, self.size - pos, -1, False, NULL) is None:
+        while True:
+            if self.nq:
+                pos = self._hop(pos, NULL)
+            if not (pos + HEADER_SIZE <= self.size and check_batch(p + pos, self.size - pos, -1, False, NULL) is None):
+                break
             self.last_publish_time = max(self.last_publish_time, load_i64(p + pos + PUBLISH_TIME_OFFSET))
             pos += load_u32(p + pos + LENGTH_OFFSET)
         if pos + 8 <= self.size and load_u64(p + pos) == 0:
@@ -442,7 +653,7 @@ cdef class Segment:
         it); -1 when ``offset`` is at or past this segment's end."""
         cdef Py_ssize_t pos = 0, i
         cdef const char *p
-        cdef int64_t base
+        cdef int64_t base, expected = self.base_offset
         if offset >= self.next_offset or self.size == 0:
             return -1
         p = self.mapping.base
@@ -450,17 +661,20 @@ cdef class Segment:
             i = np.searchsorted(self.idx_off[:self.idx_n], offset, side="right") - 1
             if i >= 0:
                 pos = self.idx_pos[i]
+                expected = self.idx_off[i]
                 # An index is derived data: trust an entry only when the
                 # batch it points at is whole and starts where it says.
                 if not self._idx_entry_ok(i):
                     self.index_faults += 1
                     pos = 0
+                    expected = self.base_offset
+        # _good_from checks each batch it stops at (its CRC once per process).
+        pos = self._good_from(pos, expected)
         while pos < self.size:
-            self._checked(pos)
             base = load_i64(p + pos + BASE_OFFSET_OFFSET)
             if base + load_i32(p + pos + COUNT_OFFSET) > offset:
                 return pos
-            pos += load_u32(p + pos + LENGTH_OFFSET)
+            pos = self._good_from(pos + load_u32(p + pos + LENGTH_OFFSET), base + load_i32(p + pos + COUNT_OFFSET))
         return -1
 
     def find_time(self, int64_t timestamp):
@@ -486,11 +700,12 @@ cdef class Segment:
                         or load_i64(p + pos + PUBLISH_TIME_OFFSET) != self.tix_ts[i]):
                     self.index_faults += 1
                     pos = 0
+        pos = self._good_from(pos, load_i64(p + pos + BASE_OFFSET_OFFSET) if pos else self.base_offset)
         while pos < self.size:
-            self._checked(pos)
             if load_i64(p + pos + PUBLISH_TIME_OFFSET) >= timestamp:
                 return load_i64(p + pos + BASE_OFFSET_OFFSET)
-            pos += load_u32(p + pos + LENGTH_OFFSET)
+            pos = self._good_from(pos + load_u32(p + pos + LENGTH_OFFSET),
+                                  load_i64(p + pos + BASE_OFFSET_OFFSET) + load_i32(p + pos + COUNT_OFFSET))
         return -1
 
     cdef bint _idx_entry_ok(self, Py_ssize_t i):
@@ -523,6 +738,8 @@ cdef class Segment:
         if pos < 0 or pos >= self.size or self.mapping is None or self.mapping.base == NULL:
             raise CorruptLogError(self.path, pos, "position outside the segment")
         reason = check_batch(self.mapping.base + pos, self.size - pos, -1, verify, &s)
+        if self.mapping.torn():
+            self._raise_torn(pos)
         if reason is not None:
             raise CorruptLogError(self.path, pos, reason)
         if verify and pos == self.verified_end:
@@ -530,6 +747,21 @@ cdef class Segment:
             if self.verified_end >= self.verified_from:
                 self.verified_from = 0      # prefix met tail: everything is checked
         return s
+
+    cdef int _raise_torn(self, Py_ssize_t pos) except -1:
+        """A page of the mapping faulted: the file lost bytes under it
+        (truncated by another process) or a block of it could not be
+        allocated. What was read there is zeros: stop with an error."""
+        size = os.fstat(self.fd).st_size if self.fd >= 0 else -1
+        raise CorruptLogError(self.path, min(pos, size) if size >= 0 else pos,
+                              f"the file changed under its mapping (now {size} bytes; truncated by another "
+                              f"process?): its mapped bytes can no longer be read")
+
+    def check_mapping(self):
+        """Raise CorruptLogError when a page of the mapping faulted since it
+        was made (``Mapping.torn``)."""
+        if self.mapping is not None and self.mapping.torn():
+            self._raise_torn(self.size)
 
     def batch_at(self, Py_ssize_t pos):
         self._pin()
@@ -565,8 +797,11 @@ cdef class Segment:
     cdef list _decode(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, id_type,
                       str topic, int partition, txn_id, bint as_messages):
         cdef Sections s = self._checked(pos)
-        return decode_batch(self.mapping.base + pos, s, self.path, pos, from_offset, limit, id_type,
-                            topic, partition, txn_id, as_messages)
+        out = decode_batch(self.mapping.base + pos, s, self.path, pos, from_offset, limit, id_type,
+                           topic, partition, txn_id, as_messages)
+        if self.mapping.torn():
+            self._raise_torn(pos)
+        return out
 
     def batch_bytes(self, Py_ssize_t pos):
         """The checked batch at ``pos``, all of it, as a read-only
@@ -623,6 +858,12 @@ cdef class Segment:
     @property
     def closed(self):
         return self.fd < 0
+
+    @property
+    def removed(self):
+        """Whether another process removed the file (it has no name left):
+        what is written to it would be lost on close."""
+        return self.fd >= 0 and os.fstat(self.fd).st_nlink == 0
 
     def __dealloc__(self):
         if self.fd >= 0:

@@ -315,14 +315,47 @@ class StagingError(TxmqError):
 
 
 class DataLossError(TxmqError):
-    """Offsets a read was planned for are gone (retention deleted them, or
-    the log is shorter than when the read was planned) and
-    ``failOnDataLoss`` is true (Spark's Kafka source's behaviour)."""
+    """Offsets a read was planned for, or a reader reached, are gone, and
+    the reader asked to be told (``failOnDataLoss`` of the Spark source,
+    ``fail_on_data_loss=True`` of a consumer or a read-only read):
+    retention deleted them, the log is shorter than when the read was
+    planned, or they lay in bytes that failed their checks and were
+    quarantined (docs/FORMAT.md, "Quarantine").
 
-    def __init__(self, topic: str, partition: int, wanted: int, have: int, what: str):
+    Attributes: ``topic``, ``partition``, ``wanted`` (the first lost
+    offset, or the planned one), ``have`` (where the log goes on), and for
+    quarantined bytes ``path`` and ``position`` (the segment and the byte
+    where they start; None otherwise).
+    """
+
+    def __init__(self, topic: str, partition: int, wanted: int, have: int, what: str, *, path=None,
+                 position: int | None = None, hint: str = "set option failOnDataLoss=false to read what is left"):
         self.topic, self.partition, self.wanted, self.have = topic, partition, wanted, have
-        super().__init__(f"{topic}/{partition}: {what} (planned offset {wanted}, the log has {have}); "
-                         f"set option failOnDataLoss=false to read what is left")
+        self.path = None if path is None else str(path)
+        self.position = position
+        where = f" in {self.path} at byte {position}" if self.path is not None else ""
+        super().__init__(f"{topic}/{partition}: {what}{where} (planned offset {wanted}, the log has {have}); "
+                         f"{hint}")
+
+
+class StorageFullError(TxmqError, OSError):
+    """The file system holding the data directory is full (ENOSPC, EDQUOT):
+    the write was not made and nothing of it is visible; what was
+    acknowledged before is kept, reads go on, and writing resumes by
+    itself once space is freed.
+
+    Attributes: ``path`` (the file being written), ``needed`` (bytes the
+    write wanted, or -1 when unknown).
+    """
+
+    def __init__(self, path, needed: int = -1, errno_: int = 28):
+        self.path = str(path)
+        self.needed = needed
+        OSError.__init__(self, errno_, f"no space left for {self.path}"
+                         + (f" ({needed} bytes wanted)" if needed >= 0 else ""))
+
+    def __str__(self) -> str:
+        return self.args[1]
 
 
 class RequestInterruptedError(TxmqError):

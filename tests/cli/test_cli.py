@@ -143,7 +143,8 @@ def test_topics_create_list_describe_delete(capsys, tmp_path):
     assert lines[1].split() == ["events", "4", "0", "0", "60,000", "ms"]
     code, out, _ = run(capsys, "topics", "list", d, "--json")
     assert json.loads(out) == [{"name": "events", "partitions": 4, "retention_ms": 60000, "retention_bytes": None,
-                                "end_offsets": [0, 0, 0, 0], "start_offsets": [0, 0, 0, 0], "subscriptions": []}]
+                                "end_offsets": [0, 0, 0, 0], "start_offsets": [0, 0, 0, 0], "subscriptions": [],
+                                "quarantined": {}}]
     code, out, _ = run(capsys, "topics", d)            # the command before topics had actions
     assert code == 0 and "events" in out
     code, out, _ = run(capsys, "topics", "delete", d, "events")
@@ -671,10 +672,10 @@ def test_check_flipped_byte_in_a_batch(capsys, logs):
     before = _tree(logs)
     code, problems = _problems(capsys, logs)
     assert code == exits.PROBLEMS
-    # A clean close put the recovery point at the end: opening trusts the
-    # segment and the batch fails its CRC when read (test_loader_agreement).
-    assert problems[0][:3] == (seg, target, "CRC mismatch; below the recovery point, so opening keeps it and "
-                                            "a read of this batch raises CorruptLogError")
+    # The batches after it are sound: the bad one is quarantined, not cut
+    # with them (test_loader_agreement).
+    assert problems[0][:3] == (seg, target, "CRC mismatch; opening keeps the log around it: its offsets are "
+                                            "quarantined (lost), readers skip them and report the loss")
     assert problems[0][3] == "corrupt"
     assert _tree(logs) == before                  # nothing modified
     code, out, _ = run(capsys, "check", logs)

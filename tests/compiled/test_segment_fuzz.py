@@ -377,6 +377,21 @@ def test_partition_reopen_after_torn_active_tail(tmp_path, seed):
     seg_file.write_bytes(bytes(raw))
     hit = max(p for p in starts if p <= at)          # the batch the damage is in
     want_end = active.batch_at(hit).base_offset
+    if not truncated and hit != starts[-1]:
+        # Sound batches follow the flipped one: only its offsets are lost
+        # (quarantined), the log keeps its end.
+        lost = range(want_end, active.batch_at(hit).next_offset)
+        reopened = Partition(crashed, "t", 0, fsync="never", segment_bytes_max=4096, index_interval_bytes=256)
+        try:
+            assert reopened.end_offset == active.next_offset
+            (q,) = reopened.quarantined()
+            assert (q.position, q.first_offset, q.end_offset) == (hit, lost.start, lost.stop)
+            assert _messages(reopened) == [m for m in _expected(written, active.next_offset) if m[0] not in lost]
+            assert any("quarantined" in d for d in reopened.stats()["truncated_on_open"])
+        finally:
+            reopened.close()
+            part.close()
+        return
     # A file cut exactly at a batch boundary is a clean end: nothing to report.
     want_report = not (truncated and at == hit)
     part_closed = part  # keep the live one open until the end (like a crash)
@@ -440,8 +455,10 @@ def test_partition_reopen_without_recovery_point_scans_and_cuts(tmp_path):
 
 
 def test_partition_corrupt_middle_segment_without_recovery_point(tmp_path):
-    """A damaged sealed segment (found by a full scan) cuts the log there and
-    removes the later segments, so offsets stay dense."""
+    """A damaged last batch of a sealed segment (found by a full scan: no
+    recovery point, so no fsync mode known that would excuse a hole) loses
+    its own offsets only: they are quarantined and the later segments
+    kept."""
     rng = random.Random(12)
     part = Partition(tmp_path / "p", "t", 0, fsync="never", segment_bytes_max=4096)
     written = _fill(part, rng, 40)
@@ -457,12 +474,14 @@ def test_partition_corrupt_middle_segment_without_recovery_point(tmp_path):
     part = Partition(tmp_path / "p", "t", 0, fsync="never", segment_bytes_max=4096)
     try:
         ends = _batch_ends(written)
-        assert part.end_offset in ends
-        assert victim_base < part.end_offset < segs[2][1]
-        assert part.dropped[0].path == victim_path
-        assert {d.path for d in part.dropped[1:]} == {p for p, _, _ in segs[2:]}
-        assert all(not os.path.exists(p) for p, _, _ in segs[2:])
-        assert _messages(part) == _expected(written, part.end_offset)
+        assert part.end_offset == ends[-1]
+        (q,) = part.quarantined()
+        assert q.segment == victim_base and q.end_offset == segs[2][1] and q.end_position == victim_size
+        assert q.first_offset in ends and victim_base < q.first_offset
+        assert part.dropped[0].path == victim_path and len(part.dropped) == 1
+        assert all(os.path.exists(p) for p, _, _ in segs[2:])
+        lost = range(q.first_offset, q.end_offset)
+        assert _messages(part) == [m for m in _expected(written, ends[-1]) if m[0] not in lost]
     finally:
         part.close()
 

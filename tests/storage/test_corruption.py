@@ -1,9 +1,10 @@
 """Corrupted data directories (docs/GUARANTEES.md; fuzzing
 every decoder"): seeded byte flips and truncations in segment logs, index
 and time-index files, recovery points and subscription cursors of a closed
-broker. Reopening must either succeed with a valid prefix of what was
-written, reporting what it cut off, or raise CorruptLogError naming the file
-and position; never crash, hang, or hand out wrong data.
+broker. Reopening must either succeed, every offset read back as written
+or reported lost (quarantined bytes: only the batches holding a flipped
+byte; a cut tail: reported), or raise CorruptLogError naming the file and
+position; never crash, hang, or hand out wrong data.
 
 Each reopen runs in a subprocess (a segfault must fail one case, not kill
 pytest) under a timeout.
@@ -55,6 +56,9 @@ try:
         c = b.subscribe("t", "check", "exclusive", initial_position="earliest")
         out["log"] = drain(c)
         c.unsubscribe()
+        # Quarantined ranges, including those the reads above found.
+        out["lost"] = [[[q["first_offset"], q["end_offset"], q["path"], q["position"]] for q in p["quarantined"]]
+                       for p in b.stats()["topics"]["t"]["partitions"]]
         out["unacked"] = {}
         consumers = {}
         for sub in ("se", "sl"):
@@ -181,11 +185,13 @@ def make_case(template, tmp_path, seed):
     rel = rng.choice(files[kind])
     dst = tmp_path / "data"
     shutil.copytree(src, dst)
+    if kind == "log":
+        ORIGINALS[rel] = (dst / rel).read_bytes()
     what = mutate(rng, str(dst / rel))
     return dst, kind, rel, what
 
 
-def check_outcome(out, dst, kind, rel, expected, acked):
+def check_outcome(out, dst, kind, rel, expected, acked, what=""):
     if out["result"] == "corrupt":
         # Damage the broker cannot repair is named precisely.
         assert kind in ("log", "cursor"), f"derived {kind} data must be rebuilt, not fatal: {out}"
@@ -199,15 +205,25 @@ def check_outcome(out, dst, kind, rel, expected, acked):
     damaged_partition = int(rel.split(os.sep)[2]) if kind != "cursor" else None
     for p in range(PARTITIONS):
         got = out["log"].get(str(p), [])
-        assert [o for o, _ in got] == list(range(len(got))), f"partition {p} is not dense"
-        values = [v.encode("latin-1") for _, v in got]
-        assert values == expected[p][:len(values)], f"partition {p}: read back is not a prefix of what was written"
-        assert out["end"][p] == len(values)
+        lost = out["lost"][p]
+        offsets = [o for o, _ in got]
+        for o, v in got:
+            assert v.encode("latin-1") == expected[p][o], f"partition {p}: offset {o} read back wrong"
+        # Every offset below the end is read or reported lost, once.
+        covered = sorted(offsets + [o for first, end, _, _ in lost for o in range(first, end)])
+        assert covered == list(range(out["end"][p])), f"partition {p}: offsets neither read nor reported lost"
         if kind in ("index", "timeindex", "recovery-point", "cursor") or p != damaged_partition:
-            assert len(values) == len(expected[p]), \
-                f"partition {p} lost {len(expected[p]) - len(values)} messages to {kind} damage"
-        if len(values) < len(expected[p]):
-            assert out["truncated"][p], f"partition {p} silently lost {len(expected[p]) - len(values)} messages"
+            assert len(offsets) == len(expected[p]) and not lost, \
+                f"partition {p} lost {len(expected[p]) - len(offsets)} messages to {kind} damage"
+            continue
+        for first, end, path_, pos in lost:
+            assert os.path.realpath(path_) == os.path.realpath(dst / rel) and pos >= 0, lost
+        if what.startswith("flip"):
+            # Only the batches holding a flipped byte are lost; the rest reads.
+            assert set(covered) - set(offsets) <= damaged_offsets(dst, rel, what), \
+                f"partition {p}: offsets outside the damaged batches were lost"
+        if out["end"][p] < len(expected[p]):
+            assert out["truncated"][p], f"partition {p} silently lost {len(expected[p]) - out['end'][p]} messages"
     for sub in SUBS:
         for p in range(PARTITIONS):
             n = out["end"][p]
@@ -215,15 +231,36 @@ def check_outcome(out, dst, kind, rel, expected, acked):
             assert unacked == sorted(set(unacked))
             assert set(unacked) <= set(range(n))
             # Never acknowledged by accident: whatever was not acked is delivered.
-            missing = (set(range(n)) - acked[sub][p]) - set(unacked)
+            lost = {o for first, end, _, _ in out["lost"][p] for o in range(first, end)}
+            missing = (set(range(n)) - acked[sub][p]) - set(unacked) - lost
             assert not missing, f"{sub}/{p}: unacknowledged offsets {sorted(missing)[:10]} not delivered"
             if kind != "cursor":
-                assert set(unacked) == set(range(n)) - acked[sub][p], f"{sub}/{p}: cursor changed"
+                assert set(unacked) == set(range(n)) - acked[sub][p] - lost, f"{sub}/{p}: cursor changed"
             # A message appended after the reopen is new to every subscription.
             new_off = out["appended"][p][2]
             assert out["appended"][p][1] == p and new_off == n
             after = out["after"][sub].get(str(p), [])
             assert [new_off, f"after-{p}"] in after, f"{sub}/{p}: message appended at {new_off} was not delivered"
+
+
+def damaged_offsets(dst, rel, what) -> set:
+    """The offsets of the batches of segment ``rel`` (as the template has
+    it) that hold a byte ``what`` ("flip bytes [..]") flipped."""
+    spots = json.loads(what[len("flip bytes "):])
+    base = int(os.path.basename(rel)[:-4])
+    src_raw = ORIGINALS[rel]
+    out, pos, offset = set(), 0, base
+    while pos + 88 <= len(src_raw) and src_raw[pos:pos + 4] == b"TXMB":
+        length = int.from_bytes(src_raw[pos + 12:pos + 16], "little")
+        count = int.from_bytes(src_raw[pos + 24:pos + 28], "little")
+        if any(pos <= s < pos + length for s in spots):
+            out.update(range(offset, offset + count))
+        pos += length
+        offset += count
+    return out
+
+
+ORIGINALS: dict = {}   # segment (relative path) -> its template bytes
 
 
 KNOWN_BUGS: dict = {}   # seed -> reason, for a known open bug
@@ -236,7 +273,7 @@ def test_corrupted_file(template, tmp_path, seed):
     dst, kind, rel, what = make_case(template, tmp_path, seed)
     out = run_reader(dst, debug=bool(seed % 2))
     try:
-        check_outcome(out, dst, kind, rel, expected, acked)
+        check_outcome(out, dst, kind, rel, expected, acked, what)
     except AssertionError as e:
         raise AssertionError(f"{kind} {rel}: {what}: {e}\noutcome: {json.dumps(out)[:1500]}") from None
 

@@ -208,15 +208,18 @@ DAMAGE = [gap, torn_tail, torn_sealed_segment, flipped_byte, flipped_byte_bad_re
           bad_index, bad_index_and_flipped_byte, bad_active_index_and_flipped_byte, bad_snapshot,
           bad_producer_snapshot, bad_recovery_point, missing_recovery_point]
 
-# What opening does, per damage (and per state where they differ):
-# "refused" (CorruptLogError), "cut" (the log ends at the damage), "kept"
-# (the batch stays and a read of it raises), "rebuilt" (derived data only).
+# What opening does, per damage (and per state where they differ): "cut"
+# (the log ends at the damage: a torn tail, or a hole or gap of a log
+# written with fsync="never", whose consistent prefix is kept),
+# "quarantined" (the bad bytes' offsets are lost, the log around them is
+# kept and read; found by opening or by the first read), "rebuilt"
+# (derived data only), "refused" (CorruptLogError: segments that overlap).
 EXPECTED = {
-    "gap": "refused", "torn_tail": "cut", "torn_sealed_segment": "refused", "flipped_byte": "kept",
-    "flipped_byte_bad_recovery_point": "cut", "flipped_last_batch": "kept", "flipped_last_batch/dead": "cut",
-    "bad_index": "rebuilt", "bad_index_and_flipped_byte": "refused", "bad_active_index_and_flipped_byte": "cut",
-    "bad_snapshot": "rebuilt", "bad_producer_snapshot": "rebuilt", "bad_recovery_point": "rebuilt",
-    "missing_recovery_point": "rebuilt",
+    "gap": "cut", "torn_tail": "cut", "torn_sealed_segment": "cut", "flipped_byte": "quarantined",
+    "flipped_byte_bad_recovery_point": "quarantined", "flipped_last_batch": "quarantined",
+    "flipped_last_batch/dead": "cut", "bad_index": "rebuilt", "bad_index_and_flipped_byte": "quarantined",
+    "bad_active_index_and_flipped_byte": "quarantined", "bad_snapshot": "rebuilt",
+    "bad_producer_snapshot": "rebuilt", "bad_recovery_point": "rebuilt", "missing_recovery_point": "rebuilt",
 }
 
 
@@ -246,9 +249,11 @@ def _writer(pdir):
         headers = ((info, part.never_delivered(info, True), part.never_delivered(info, False))
                    for info in part.headers(part.start_offset, part.end_offset))
         read, fault = _walk(headers, part.end_offset)
-        cuts = [(d.path, d.position) for d in part.dropped if d.path.endswith(".log")]
+        cuts = [(d.path, d.position) for d in part.dropped if d.path.endswith(".log") and "quarantined" not in d.reason]
+        lost = [(os.path.join(pdir, "%020d.log" % q.segment), q.position, q.first_offset, q.end_offset)
+                for q in part.quarantined()]
         return {"start": part.start_offset, "end": part.end_offset, "lso": part.max_read_position,
-                "read": read, "fault": fault, "cut": cuts[:1]}
+                "read": read, "fault": fault, "cut": cuts[:1], "lost": lost}
     finally:
         part.close()
 
@@ -262,8 +267,9 @@ def _read_only(path):
         headers = ((info, view.skipped(info, True), view.skipped(info, False))
                    for _, _, info in view.batches(view.log_start, view.log_end))
         read, fault = _walk(headers, view.log_end)
+        lost = [(s.segment.path, q[0], q[2], q[3]) for s in view.segments for q in s.segment.quarantined()]
         out = {"start": view.log_start, "end": view.log_end, "lso": view.max_read_position, "read": read,
-               "fault": fault, "source": view.source}
+               "fault": fault, "source": view.source, "lost": lost}
         if fault is None:
             out["committed"] = [m.offset for m in view.read(0)]
             out["uncommitted"] = [m.offset for m in view.read(0, isolation="read_uncommitted")]
@@ -309,23 +315,26 @@ def test_writer_read_only_and_check_agree(templates, tmp_path, damage, state):
     committed, uncommitted = ro.pop("committed", None), ro.pop("uncommitted", None)
     assert ro == {k: writer[k] for k in ro}, "the read-only view must show what the writer opens"
     assert writer["read"] and writer["end"] > 0
+    assert writer["fault"] is None, "a read met bad bytes it did not skip"
     if writer["cut"]:
         assert expected == "cut"
         (cut,) = writer["cut"]
         assert "opening cuts the log here" in at[cut].reason and at[cut].kind == "corrupt"
-        assert writer["fault"] is None
         assert source == "scan", "cut short of the read view: the transaction state is rebuilt as opening does"
     else:
         assert source == {"closed": "readview", "none": "scan", "dead": "readview+scan"}[state]
-    if writer["fault"] is not None:
-        assert expected == "kept"
-        assert "opening keeps it and a read of this batch raises CorruptLogError" in at[writer["fault"]].reason
-        assert at[writer["fault"]].kind == "corrupt"
-    else:
-        # One delivery rule: the read-only view hands out what a
-        # subscription of the writer would.
-        assert committed == _delivered(writer, True) and uncommitted == _delivered(writer, False)
-    if not writer["cut"] and writer["fault"] is None:
+    if writer["lost"]:
+        assert expected == "quarantined"
+        for path_, pos, first, end in writer["lost"]:
+            assert "quarantined" in at[(path_, pos)].reason and at[(path_, pos)].kind == "corrupt"
+            # Exactly the bad batch's offsets are lost; the rest is read.
+            assert not any(base < end and nxt > first for base, nxt, _, _ in writer["read"])
+        covered = sorted([(b, n) for b, n, _, _ in writer["read"]] + [(f, e) for _, _, f, e in writer["lost"]])
+        assert [b for b, _ in covered] == [writer["start"]] + [n for _, n in covered[:-1]], "offsets not dense"
+    # One delivery rule: the read-only view hands out what a subscription of
+    # the writer would.
+    assert committed == _delivered(writer, True) and uncommitted == _delivered(writer, False)
+    if not writer["cut"] and not writer["lost"]:
         # Nothing lost: what is wrong is derived data, which opening rebuilds.
         assert expected == "rebuilt"
         assert problems and all(p.kind == "repairable" for p in problems)
@@ -335,13 +344,13 @@ def test_writer_read_only_and_check_agree(templates, tmp_path, damage, state):
              "bad_recovery_point": "recovery-point", "missing_recovery_point": "recovery-point"}
     if damage.__name__ in named:
         assert named[damage.__name__] in kinds
-    # One open repairs what it can; a batch it keeps is still reported.
+    # One open repairs what it can; quarantined bytes are still reported.
     left = [(p.path, p.position) for p in check_directory(path).problems]
-    assert left == ([writer["fault"]] if writer["fault"] is not None else [])
+    assert left == [(p, pos) for p, pos, _, _ in writer["lost"]]
     # And the read-only view of the repaired directory shows the same log.
     after = _read_only(path)
     assert after.pop("source") == "readview"
-    assert after == dict(ro, **({} if committed is None else {"committed": committed, "uncommitted": uncommitted}))
+    assert after == dict(ro, committed=committed, uncommitted=uncommitted)
 
 
 def _end(path):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import logging
 import os
 import shutil
@@ -40,7 +39,7 @@ from txmq.client.consumer import Consumer
 from txmq._crc32c import crc32c_of
 from txmq._txn import COMMITTED, COMMITTING, OPEN
 from txmq.transactions.coordinator import TransactionCoordinator
-from txmq.errors import (BrokerClosedError, DataDirError, DataDirLockedError, InvalidArgumentError,
+from txmq.errors import (BrokerClosedError, CorruptLogError, DataDirError, DataDirLockedError, InvalidArgumentError,
                          InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
                          SubscriptionBusyError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
@@ -51,7 +50,7 @@ from txmq.transactions.producer_ids import ProducerRegistry
 from txmq.scheduler import MIN_INTERVAL, Scheduler
 from txmq import crashpoints
 from txmq.storage import datadir
-from txmq.files import sync_dir, write_json
+from txmq.files import read_json, sync_dir, write_json
 from txmq.client.half_producer import HalfProducer
 from txmq.storage.half_messages import HalfStore
 from txmq.broker.control_socket import ControlServer
@@ -226,8 +225,7 @@ class Broker:
             subs, sub_problems = datadir.clean_subscriptions(sdir)
             problems += sub_problems
             for sub in subs:
-                with open(os.path.join(sdir, sub, datadir.SUBSCRIPTION_CONFIG)) as f:
-                    meta = json.load(f)
+                meta = _subscription_config(os.path.join(sdir, sub, datadir.SUBSCRIPTION_CONFIG))
                 topic.subscriptions[sub] = Subscription(
                     self, topic, sub, os.path.join(sdir, sub), type=meta["type"],
                     isolation=meta["isolation"], initial_position=meta["initial_position"],
@@ -517,7 +515,7 @@ class Broker:
     def subscribe(self, topic: str, subscription: str, type: str = "exclusive", *,
                   isolation: str = "read_committed", initial_position: str = "latest",
                   ack_timeout: float | None = None, nack_delay: float = 1.0,
-                  consumer_name: str | None = None) -> Consumer:
+                  consumer_name: str | None = None, fail_on_data_loss: bool = False) -> Consumer:
         """Attach a consumer to ``subscription`` on ``topic``, creating the
         subscription at ``initial_position`` if it does not exist.
 
@@ -528,6 +526,10 @@ class Broker:
         :class:`IsolationLevelMismatchError`. ``ack_timeout`` seconds (None:
         never) redelivers what a consumer holds unacknowledged that long;
         ``nack_delay`` seconds is how long a nacked message waits.
+        ``fail_on_data_loss``: on reaching offsets lost to bytes that failed
+        their checks (quarantined), raise :class:`DataLossError` (path and
+        byte) instead of passing over them; either way they stay
+        unacknowledged until :meth:`Consumer.skip_data_loss`.
         """
         self._check_open()
         choice_option("subscription type", type, TYPES)
@@ -559,7 +561,7 @@ class Broker:
                     if not sub.consumers:
                         sub.ack_timeout = ack_timeout
                         sub.nack_delay = nack_delay
-            return Consumer(self, sub, consumer_name)
+            return Consumer(self, sub, consumer_name, fail_on_data_loss)
 
     def _unsubscribe(self, consumer: Consumer) -> None:
         with self._lock:
@@ -800,17 +802,27 @@ class Broker:
         if self._control is not None:
             self._control.close()
         self._scheduler.stop()
-        self._half.close()
+        failed = []          # an error closing one part (a file another process damaged) ends no other
+
+        def attempt(close) -> None:
+            try:
+                close()
+            except Exception as e:
+                failed.append(e)
+
+        attempt(self._half.close)
         for t in self._topics.values():
             for sub in t.subscriptions.values():
                 for c in list(sub.consumers):
                     c.closed = True
-            t.close()
+            attempt(t.close)
         self._topics.clear()
         for tc in self._coordinators:
-            tc.close()
-        self._producer_ids.close()
+            attempt(tc.close)
+        attempt(self._producer_ids.close)
         self._dir_lock.release()
+        if failed:
+            raise failed[0]
 
     @property
     def closed(self) -> bool:
@@ -824,6 +836,16 @@ class Broker:
 
     def __repr__(self) -> str:
         return f"Broker({self.path!r}, fsync={self.fsync!r})"
+
+
+def _subscription_config(path: str) -> dict:
+    """A subscription's ``subscription.json``; CorruptLogError (path,
+    byte) when it is not one: its isolation level cannot be guessed."""
+    meta = read_json(path)
+    for key, allowed in (("type", TYPES), ("isolation", ISOLATIONS), ("initial_position", POSITIONS)):
+        if meta.get(key) not in allowed:
+            raise CorruptLogError(path, 0, f"{key} is {meta.get(key)!r}, not one of {', '.join(allowed)}")
+    return meta
 
 
 def _name_bytes(what: str, name) -> bytes:

@@ -169,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("raw", "json"), default="raw",
                    help="raw: the value and a newline; json: one object per line")
     p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument("--fail-on-data-loss", action="store_true",
+                   help="stop with an error (exit 4) on reaching offsets lost to damaged bytes "
+                        "(quarantined) instead of passing over them")
+    p.add_argument("--skip-data-loss", action="store_true",
+                   help="with --subscription: first acknowledge the offsets lost to damaged bytes, so the "
+                        "subscription moves past them")
     p.set_defaults(run=consume.consume)
 
     # transactions

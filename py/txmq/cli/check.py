@@ -47,7 +47,8 @@ from txmq.cli import exits, opening
 from txmq.cli.output import Progress, emit_json, size, wants_progress
 from txmq.storage.cursor import replay as replay_cursor
 from txmq._readview import RV_LIVE
-from txmq.errors import CorruptLogError, DataDirError, DataDirLockedError
+from txmq.broker.broker import Broker
+from txmq.errors import CorruptLogError, DataDirError, DataDirLockedError, TxmqError
 from txmq.storage.delivery import ISOLATIONS
 from txmq.storage.index import INDEX_ENTRY, index_problem
 from txmq.storage.layout import (INDEX_SUFFIX, PRODUCERS_FILE, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
@@ -79,7 +80,10 @@ class Report:
 def check(args) -> int:
     opening.require_data_dir(args.dir)
     t0 = time.perf_counter()
-    repaired = repair(args.dir) if getattr(args, "repair", False) else []
+    repaired = []
+    if getattr(args, "repair", False):
+        repaired = repair(args.dir)
+        repaired += reopen_to_repair(args.dir, check_directory(args.dir).problems)
     report = check_directory(args.dir, wants_progress(args.progress))
     report.repaired = repaired
     seconds = time.perf_counter() - t0
@@ -127,6 +131,40 @@ def repair(path: str) -> list:
                         f"retention: the broker's defaults)")
     finally:
         lock.release()
+    return done
+
+
+def reopen_to_repair(path: str, before: list) -> list:
+    """``txmq check --repair``, second step: what check calls repairable is
+    rebuilt by opening the directory, so open it (a broker: it takes the
+    lock), read every partition to its end (a read quarantines the bad
+    bytes it meets, and ``quarantine.json`` records them), rebuild every
+    index that fails the full check (``scrub_indexes``), and close. Returns
+    what was done, as sentences: each problem of ``before`` that is gone,
+    and each range opening or the reads quarantined or cut."""
+    if not before:
+        return []
+    done = []
+    try:
+        broker = Broker(path)
+    except DataDirLockedError as e:
+        raise exits.locked_error(e.path, e.holder) from None
+    except TxmqError as e:
+        return [f"not repaired: opening the directory fails ({e}); the problems below need a decision"]
+    try:
+        for topic in broker.topics():
+            for part in broker._topics[topic].partitions:
+                for _ in part.headers(part.start_offset, part.end_offset):
+                    pass
+                part.scrub_indexes(None)
+                done += [f"{d}" for d in part.dropped]
+    finally:
+        broker.close()
+    after = {(p.path, p.position, p.reason) for p in check_directory(path).problems}
+    for p in before:
+        if (p.path, p.position, p.reason) not in after:
+            done.append(f"{p.path} at byte {p.position}: {'rebuilt' if p.kind == REPAIRABLE else 'handled'} "
+                        f"({p.reason})")
     return done
 
 
@@ -450,7 +488,7 @@ class _Checker:
     def _recovery_point_in(self, pdir: str, point: tuple, seg: Segment, damaged: bool) -> None:
         """The recovery point's position is a batch boundary of its segment
         where its next offset starts (or the segment's end)."""
-        base, pos, next_offset = point
+        base, pos, next_offset = point[:3]
         if damaged and pos > seg.size:
             return                      # the segment's damage is reported; the open rescans
         if pos == seg.size:

@@ -32,6 +32,8 @@ def consume(args) -> int:
     start = admin.parse_position(args.from_) if args.from_ is not None else None
     until = admin.parse_position(args.until)
     fmt = "json" if args.json else args.format
+    if args.skip_data_loss and args.subscription is None:
+        raise exits.CliError("--skip-data-loss moves a subscription's cursor: it needs --subscription NAME")
     if args.subscription is None:
         isolation = args.isolation or "read_committed"
         with opening.open_for_reading(args.dir, args.progress) as view:
@@ -41,9 +43,17 @@ def consume(args) -> int:
     else:
         with opening.open_for_writing(args.dir, args.progress) as broker:
             selected = _partitions(broker, args, start, until)
+            created = args.subscription not in broker.stats()["topics"][args.topic]["subscriptions"]
             consumer, isolation = _durable(broker, args, start)
             try:
+                if args.skip_data_loss:
+                    skipped = consumer.skip_data_loss(args.partition)
+                    print(f"acknowledged {skipped:,} offset(s) lost to damaged bytes", file=sys.stderr)
                 n = _read_subscription(broker, consumer, args, selected, until, isolation, fmt)
+            except BaseException:
+                if created:         # a command that fails creates nothing
+                    consumer.unsubscribe()
+                raise
             finally:
                 consumer.close()
         how = f"subscription {args.subscription!r}"
@@ -74,7 +84,8 @@ def _read_view(view, args, selected, start, until, isolation, fmt) -> int:
     printed = 0
     for p in selected:
         part = view.partition(args.topic, p)
-        messages = part.read(_offset(start, part, isolation), _offset(until, part, isolation), isolation)
+        messages = part.read(_offset(start, part, isolation), _offset(until, part, isolation), isolation,
+                             args.fail_on_data_loss)
         if args.max_messages is not None:
             messages = itertools.islice(messages, args.max_messages - printed)
         while chunk := list(itertools.islice(messages, RECEIVE_MAX)):
@@ -112,16 +123,19 @@ def _durable(broker, args, start):
         isolation = args.isolation or "read_committed"
         initial = start if start in admin.POSITIONS else "earliest"
         consumer = broker.subscribe(args.topic, args.subscription, args.type, isolation=isolation,
-                                    initial_position=initial)
+                                    initial_position=initial, fail_on_data_loss=args.fail_on_data_loss)
     else:
         # Keep the subscription's type; its isolation is fixed (a different
         # --isolation is refused by the broker, with the level it has).
         isolation = args.isolation or existing["isolation"]
-        consumer = broker.subscribe(args.topic, args.subscription, existing["type"], isolation=isolation)
+        consumer = broker.subscribe(args.topic, args.subscription, existing["type"], isolation=isolation,
+                                    fail_on_data_loss=args.fail_on_data_loss)
     if start is not None:
         try:
             consumer.seek(start, partition=args.partition)
         except BaseException:
+            if existing is None:        # a command that fails creates nothing
+                consumer.unsubscribe()
             consumer.close()
             raise
     return consumer, isolation

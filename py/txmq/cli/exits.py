@@ -65,6 +65,10 @@ def from_broker_error(e: errors.TxmqError) -> CliError:
     if isinstance(e, errors.CorruptLogError):
         return CliError(f"corrupt file {e.path} at byte {e.position}: {e.reason}; "
                         f"run `txmq check` on the data directory for a full report", CORRUPT)
+    if isinstance(e, errors.DataLossError):
+        return CliError(f"{e}; or run without --fail-on-data-loss to pass over them", CORRUPT)
+    if isinstance(e, errors.StorageFullError):
+        return CliError(f"{e}: free space on its file system and run the command again", REFUSED)
     if isinstance(e, errors.IsolationLevelMismatchError):
         return CliError(f"subscription {e.subscription!r} reads {e.have} (fixed when it was "
                         f"created), not {e.wanted}: drop --isolation or pass --isolation {e.have}")

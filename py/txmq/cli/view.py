@@ -71,7 +71,8 @@ class DirectoryView:
         return {"name": name, "partitions": config["partitions"],
                 "retention_ms": config.get("retention_ms"), "retention_bytes": config.get("retention_bytes"),
                 "end_offsets": [v.log_end for v in views], "start_offsets": [v.log_start for v in views],
-                "subscriptions": self.ro.subscriptions(name)}
+                "subscriptions": self.ro.subscriptions(name),
+                "quarantined": {str(p): qs for p, v in enumerate(views) if (qs := v.quarantined())}}
 
     def partition_stats(self, topic: str) -> list:
         """Per partition: start and end offset, last stable offset
@@ -87,7 +88,8 @@ class DirectoryView:
                         "max_read_position": v.max_read_position,
                         "bytes": sum(s.size for s in v.segments), "segments": len(v.segments),
                         "open_transactions": sum(name in t["partitions"] for t in self.transactions()),
-                        "blocked_by": _blocked_by(v), "source": v.source})
+                        "blocked_by": _blocked_by(v), "source": v.source, "quarantined": v.quarantined(),
+                        "lost_offsets": sum(q["end_offset"] - q["first_offset"] for q in v.quarantined())})
         return out
 
     # -- subscriptions ---------------------------------------------------------------

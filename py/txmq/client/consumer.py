@@ -39,10 +39,13 @@ class Consumer:
     Create it with :meth:`txmq.Broker.subscribe`.
     """
 
-    def __init__(self, broker, subscription, name: str | None = None):
+    def __init__(self, broker, subscription, name: str | None = None, fail_on_data_loss: bool = False):
         self._broker = broker
         self._sub = subscription
         self.name = name
+        # Offsets lost to quarantined bytes: passed over (False) or
+        # DataLossError until skip_data_loss() (True).
+        self.fail_on_data_loss = bool(fail_on_data_loss)
         self.closed = False
         self.rr = 0
         self.id = subscription.attach(self)
@@ -178,6 +181,16 @@ class Consumer:
             return self._sub.seek(partition, target)
         raise InvalidArgumentError("seek target", target,
                                    "an offset >= 0, a MessageId, 'earliest', 'latest' or a datetime")
+
+    def skip_data_loss(self, partition: int | None = None) -> int:
+        """Acknowledge the offsets of the subscription lost to bytes that
+        failed their checks (quarantined: docs/FORMAT.md), on ``partition``
+        or on every partition, so its cursor moves past them. Until then
+        they count in the backlog, and a consumer with
+        ``fail_on_data_loss=True`` gets :class:`txmq.errors.DataLossError`
+        on reaching them. Returns how many offsets were acknowledged."""
+        self._check_open()
+        return self._sub.skip_lost(partition)
 
     def close(self) -> None:
         """Detach; unacknowledged messages go to the subscription's other consumers."""

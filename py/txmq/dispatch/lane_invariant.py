@@ -45,9 +45,10 @@ def changed(lane) -> None:
 def check_lane(lane) -> None:
     """Raise AssertionError unless ``lane`` keeps the lane invariant: every
     offset of ``[mark_delete, read_offset)`` is settled (acknowledged in the
-    cursor, or pending in an open transaction) or in exactly one dispatch
-    state (outstanding at one consumer, individually or in one batch
-    delivery; waiting in the read buffer; queued for redelivery), and no
+    cursor, or pending in an open transaction), lost to quarantined bytes
+    (passed over until skipped, in no dispatch state), or in exactly one
+    dispatch state (outstanding at one consumer, individually or in one
+    batch delivery; waiting in the read buffer; queued for redelivery), and no
     dispatch state holds what it must not (see the module
     :mod:`txmq.dispatch.subscription`)."""
     name = f"lane of partition {lane.partition.index}"
@@ -98,9 +99,16 @@ def check_lane(lane) -> None:
 
     unsettled = ~settled
     _none_of(name, "in two dispatch states", np.flatnonzero(unsettled & (state > 1)) + lo, "")
-    lost = np.flatnonzero(unsettled & (state == 0)) + lo
-    _none_of(name, "in no state", lost[lost >= lane.partition.start_offset],
-             "(neither settled nor outstanding, buffered or queued)")
+    # Offsets lost to quarantined bytes are passed over, never delivered,
+    # and stay unacknowledged until skipped: a state of their own.
+    quarantined = np.zeros(n, bool)
+    for first, end in lane.partition.lost_offsets(lo, hi):
+        quarantined[first - lo:end - lo] = True
+    _none_of(name, "lost to quarantined bytes", np.flatnonzero(quarantined & unsettled & (state > 0)) + lo,
+             "and in a dispatch state")
+    stray = np.flatnonzero(unsettled & ~quarantined & (state == 0)) + lo
+    _none_of(name, "in no state", stray[stray >= lane.partition.start_offset],
+             "(neither settled nor outstanding, buffered, queued or lost to quarantined bytes)")
 
 
 def _settled(lane, lo: int, hi: int):

@@ -21,7 +21,9 @@ buffer and the redelivery queue may still name it, as they may an offset
 delivered again since it was queued: such an entry is dropped when it
 comes up. A queued offset is never in a batch delivery or the read buffer
 as well (it would be delivered twice). Offsets that retention deleted
-need no state. Nothing else is needed to deliver each message to one
+need no state; offsets lost to quarantined bytes are in none either: the
+read passes over them without acknowledging them, until
+:meth:`Subscription.skip_lost` does. Nothing else is needed to deliver each message to one
 consumer at a time. With ``TXMQ_DEBUG=1`` every change of a lane is
 followed by a check of this (:mod:`txmq.dispatch.lane_invariant`).
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import logging
 import os
 import threading
 import time
@@ -53,11 +56,13 @@ from txmq.dispatch import lane_invariant
 from txmq.dispatch.pending_acks import PendingAcks, open_pending_log
 from txmq.storage.cursor import Cursor
 from txmq.files import sync_dir, write_json
-from txmq.errors import (BrokerClosedError, NotAcknowledgeableError, SubscriptionBusyError,
+from txmq.errors import (BrokerClosedError, DataLossError, NotAcknowledgeableError, SubscriptionBusyError,
                          SubscriptionTypeError, TransactionConflictError)
 from txmq.message import MessageId
 from txmq.storage.delivery import READ_COMMITTED, TRANSACTIONAL, read_limit
 from txmq.transactions.records import TxnID
+
+log = logging.getLogger("txmq.subscription")
 
 TYPES = ("exclusive", "shared", "failover")
 POSITIONS = ("latest", "earliest")
@@ -68,7 +73,7 @@ class _Lane:
 
     __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "buf_i", "outstanding",
                  "ranges", "redeliver", "redelivery_count", "deadlines", "pending", "pending_log",
-                 "unsynced_commits", "debug_changes", "debug_next")
+                 "unsynced_commits", "debug_changes", "debug_next", "lost_seen")
 
     def __init__(self, partition, cursor: Cursor, pending, pending_log):
         self.partition = partition
@@ -78,6 +83,7 @@ class _Lane:
         self.pending_log = pending_log
         self.unsynced_commits: list = []   # committed txns whose COMMIT frame waits for a cursor sync
         self.debug_changes = self.debug_next = 0   # lane_invariant's pacing under TXMQ_DEBUG
+        self.lost_seen: set = set()        # lost (quarantined) runs already logged
         self.rewind(cursor.mark_delete)
 
     def settled(self, offset: int) -> bool:
@@ -340,8 +346,14 @@ class Subscription:
     def _take_fresh(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
         cursor = lane.cursor
         while len(out) < n:
-            if lane.buf_i >= len(lane.buffer) and not self._fill(lane):
-                return
+            if lane.buf_i >= len(lane.buffer):
+                try:
+                    if not self._fill(lane, consumer.fail_on_data_loss):
+                        return
+                except DataLossError:
+                    if out:         # hand over what came before the loss; the next receive raises
+                        return
+                    raise
             i = lane.buf_i
             chunk = lane.buffer[i:i + n - len(out)]
             lane.buf_i = i + len(chunk)
@@ -356,16 +368,21 @@ class Subscription:
             self._deliver(lane, consumer, offsets, now)
             out += chunk
 
-    def _current_batch(self, lane: _Lane, limit: int):
+    def _current_batch(self, lane: _Lane, limit: int, fail_on_data_loss: bool = False):
         """The header of the batch holding the lane's ``read_offset``, with
         (seg, pos) pointing at it, past consumed and control batches; None
-        when nothing below ``limit`` is there yet."""
+        when nothing below ``limit`` is there yet. Offsets lost to
+        quarantined bytes are passed over without being acknowledged (the
+        cursor moves past them only through :meth:`skip_lost`), or, with
+        ``fail_on_data_loss``, raise DataLossError while any is unacknowledged."""
         while lane.read_offset < limit:
             try:
                 if lane.seg is None or lane.seg.closed:
                     if not lane.locate():
                         return None
                 info = lane.seg.batch_at(lane.pos)
+                if info.base_offset > lane.read_offset:
+                    self._lost(lane, lane.read_offset, min(info.base_offset, limit), fail_on_data_loss)
                 if info.next_offset <= lane.read_offset:
                     lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
                     if lane.seg is None:
@@ -388,10 +405,45 @@ class Subscription:
             return info if info.base_offset < limit else None
         return None
 
-    def _fill(self, lane: _Lane) -> bool:
+    def _lost(self, lane: _Lane, first: int, end: int, fail: bool) -> None:
+        """Offsets [first, end) of the lane are gone (quarantined bytes):
+        raise DataLossError when ``fail`` and any of them is not
+        acknowledged; else note them for stats."""
+        md = lane.cursor.mark_delete
+        a = max(first, md)
+        if a >= end or lane.cursor.acked.count_in(a, end) == end - a:
+            return
+        lost = lane.partition.lost_offsets(a, end)
+        if fail:
+            where = [q for q in lane.partition.quarantined() if q.first_offset < end and q.end_offset > a]
+            q = where[0] if where else None
+            raise DataLossError(self.topic.name, lane.partition.index, a, end,
+                                f"offsets {a}..{end - 1} are quarantined (their bytes fail their checks)",
+                                path=None if q is None else lane.partition.segment_path(q.segment),
+                                position=None if q is None else q.position,
+                                hint="skip them with Consumer.skip_data_loss() (txmq consume --skip-data-loss)")
+        if (a, end) not in lane.lost_seen:
+            lane.lost_seen.add((a, end))
+            log.warning("txmq: subscription %r of %s/%d passes over lost offsets %s (quarantined); "
+                        "they stay unacknowledged until skipped", self.name, self.topic.name,
+                        lane.partition.index, lost)
+
+    def skip_lost(self, partition: int | None = None) -> int:
+        """Acknowledge the offsets of ``partition`` (None: every partition)
+        that were lost to quarantined bytes, so the cursor moves past them;
+        returns how many were acknowledged."""
+        n = 0
+        for lane in self.lanes:
+            if partition is not None and lane.partition.index != partition:
+                continue
+            for first, end in lane.partition.lost_offsets(lane.cursor.mark_delete, lane.partition.end_offset):
+                n += self.ack_range(lane.partition.index, first, end)
+        return n
+
+    def _fill(self, lane: _Lane, fail_on_data_loss: bool = False) -> bool:
         """Decode the next batch below the limit into the lane's buffer."""
         limit = self.limit(lane)
-        while (info := self._current_batch(lane, limit)) is not None:
+        while (info := self._current_batch(lane, limit, fail_on_data_loss)) is not None:
             try:
                 msgs = lane.seg.read_messages(lane.pos, lane.read_offset, limit - lane.read_offset,
                                               self.topic.name, lane.partition.index, MessageId,
@@ -460,7 +512,7 @@ class Subscription:
             lane.buf_i = 0
             lane.seg = None
         limit = self.limit(lane)
-        while (info := self._current_batch(lane, limit)) is not None:
+        while (info := self._current_batch(lane, limit, consumer.fail_on_data_loss)) is not None:
             start = max(lane.read_offset, info.base_offset)
             if start < lane.cursor.mark_delete:     # acknowledged ahead of delivery
                 lane.read_offset = lane.cursor.mark_delete
@@ -671,6 +723,8 @@ class Subscription:
                     "unacked": lane.outstanding_count(),
                     "pending_redelivery": len(lane.redeliver),
                     "cursor_problems_on_open": list(lane.cursor.problems),
+                    "lost_unacked": sum(e - f - lane.cursor.acked.count_in(f, e) for f, e in
+                                        lane.partition.lost_offsets(md, lane.partition.end_offset)),
                 })
             return {
                 "type": self.type,

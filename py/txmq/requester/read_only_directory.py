@@ -51,8 +51,7 @@ readable until its last view (an Arrow array, a memoryview) is released.
 from __future__ import annotations
 
 import bisect
-import json
-import mmap
+import logging
 import os
 import struct
 import time
@@ -61,25 +60,31 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from txmq._batch import FLAG
+from txmq._crc32c import crc32c_of
+from txmq._mapping import Mapping
 from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
                        replay_pending)
 from txmq.batcharrow import batch_arrays
+from txmq.files import read_json
 from txmq.storage.cursor import replay as replay_cursor
 from txmq.storage.datadir import lock_files
-from txmq.errors import (CorruptLogError, DataDirLockedError, InvalidArgumentError, PartitionNotFoundError,
-                         TopicNotFoundError)
+from txmq.errors import (CorruptLogError, DataDirLockedError, DataLossError, InvalidArgumentError,
+                         PartitionNotFoundError, TopicNotFoundError)
 from txmq.message import MessageId
 from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
                             READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
 from txmq.storage.delivery import ISOLATIONS, backlog, never_delivered, read_limit
-from txmq.storage.layout import (READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, read_txn_snapshot, segment_bases,
-                                 txnindex_entries)
-from txmq.storage.loader import READ_ONLY, LogLoader, open_read_only, published_segments
+from txmq.storage.layout import (QUARANTINE_FILE, READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, read_quarantine,
+                                 read_txn_snapshot, segment_bases, segment_file, txnindex_entries)
+from txmq.storage.loader import READ_ONLY, LogLoader, Quarantined, open_read_only, published_segments
 from txmq.storage.log import offset_for_time
+from txmq.storage.topic import Topic
 from txmq.storage.txnbuffer import replay_txn_header
 from txmq.transactions.records import TxnID
+
+log = logging.getLogger("txmq.readonly")
 
 __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
 
@@ -90,6 +95,7 @@ MARKER_ABORT = FLAG["marker_abort"]
 
 # A slot read as: closing generation, the eight fields, opening generation.
 _GEN = struct.Struct("<Q")
+_CRC_WORDS = struct.Struct("<QQQqqqqqQ")     # what a slot's CRC covers (the state word without it)
 _FIELDS = struct.Struct("<" + READVIEW_SLOT.format[2:-1])
 assert _FIELDS.size == READVIEW_SLOT.size - 16
 _TRIES = 64                   # rereads of a slot pair the writer keeps overwriting
@@ -113,7 +119,8 @@ class ReadView:
 
 def read_readview(buf) -> ReadView | None:
     """The newest whole slot of readview bytes ``buf`` (a mapping or bytes),
-    or None when the head is not a version-1 readview or no slot is whole.
+    or None when the head is not a version-2 readview or no slot is whole
+    and passes its CRC.
 
     Each slot is read closing generation first, fields next, opening
     generation last; the writer stores them in the opposite order, so equal
@@ -131,9 +138,11 @@ def read_readview(buf) -> ReadView | None:
             closing = _GEN.unpack_from(buf, off + READVIEW_GEN_END)[0]
             fields = _FIELDS.unpack_from(buf, off + 8)
             opening = _GEN.unpack_from(buf, off)[0]
-            if opening == closing and opening and fields[1] in (RV_RECOVERING, RV_LIVE, RV_CLOSED):
+            state, crc = fields[1] & 0xFFFFFFFF, fields[1] >> 32
+            if opening == closing and opening and state in (RV_RECOVERING, RV_LIVE, RV_CLOSED) \
+                    and crc == crc32c_of(_CRC_WORDS.pack(opening, fields[0], state, *fields[2:])):
                 if best is None or opening > best.generation:
-                    best = ReadView(opening, *fields)
+                    best = ReadView(opening, fields[0], state, *fields[2:])
         if best is not None:
             return best
     return None
@@ -211,24 +220,69 @@ class PartitionView:
     aborted: AbortSet
     epoch: int = 0
     bases: list = field(default_factory=list)
+    directory: str = ""         # the partition's folder
 
-    def batches(self, start: int, limit: int):
+    def batches(self, start: int, limit: int, lost_cb=None):
         """``(segment, position, BatchInfo)`` of every batch (markers too)
-        that holds an offset in [start, limit), in offset order."""
+        that holds an offset in [start, limit), in offset order. Offsets in
+        quarantined bytes are passed over: ``lost_cb(first, end, segment
+        path, byte)`` is told of each such run in [start, limit)."""
         if start >= limit or not self.segments:
             return
         i = max(0, bisect.bisect_right(self.bases, start) - 1)
+        expected = start
         for s in self.segments[i:]:
             if s.base >= limit:
-                return
+                break
             seg = s.segment
             pos = seg.locate(max(start, s.base)) if s.size else -1
             while 0 <= pos < s.size:
                 info = seg.batch_at(pos)
+                if info.base_offset > expected and lost_cb is not None:
+                    self._lost(seg, expected, min(info.base_offset, limit), lost_cb)
                 if info.base_offset >= limit:
                     return
                 yield seg, pos, info
-                pos += info.length
+                expected = info.next_offset
+                pos = seg.next_position(pos)      # past quarantined bytes: their offsets are lost
+        if expected < min(limit, self.log_end) and lost_cb is not None:
+            self._lost(self.segments[-1].segment, expected, min(limit, self.log_end), lost_cb)
+
+    def _lost(self, seg, first: int, end: int, lost_cb) -> None:
+        where = [(s.segment.path, q[0]) for s in self.segments for q in s.segment.quarantined()
+                 if q[2] < end and q[3] > first]
+        path, pos = where[0] if where else (seg.path, None)
+        lost_cb(first, end, path, pos)
+
+    def quarantined(self) -> list:
+        """The quarantined ranges of this partition as dicts (segment,
+        position, end_position, first_offset, end_offset, reason, path):
+        those its ``quarantine.json`` lists and those this view's reads and
+        scans found, within the view's log."""
+        found = {(q.segment, q.position): q for q in _saved_quarantine(self.directory)}
+        for s in self.segments:
+            for q in s.segment.quarantined():
+                found[(s.base, q[0])] = Quarantined(s.base, *q)
+        return [q.as_dict() | {"path": segment_file(self.directory, q.segment)}
+                for _, q in sorted(found.items()) if self.log_start <= q.first_offset < self.log_end]
+
+    def lost(self, start: int = 0, end: int | None = None) -> list:
+        """[(first, end)] of the offsets in [start, end) this view's
+        segments hold in quarantined bytes (found so far: by opening, or by
+        a read that met them)."""
+        end = self.log_end if end is None else end
+        return [(max(q[2], start), min(q[3], end)) for s in self.segments for q in s.segment.quarantined()
+                if q[2] < end and q[3] > start]
+
+    def _loss_cb(self, fail: bool):
+        def lost(first, end, path, pos):
+            if fail:
+                raise DataLossError(self.topic, self.partition, first, end, f"offsets {first}..{end - 1} are "
+                                    f"quarantined (their bytes fail their checks)", path=path, position=pos,
+                                    hint="read with fail_on_data_loss=False to skip them")
+            log.warning("txmq: %s/%d: offsets %d..%d skipped: quarantined in %s at byte %s", self.topic,
+                        self.partition, first, end - 1, path, pos)
+        return lost
 
     def limit(self, isolation: str, end: int | None) -> int:
         return read_limit(isolation == "read_committed", self.max_read_position, self.log_end, end)
@@ -244,13 +298,15 @@ class PartitionView:
         """A marker, or (``committed``) a batch of an aborted transaction."""
         return never_delivered(info, self.aborted, committed)
 
-    def read(self, start: int, end: int | None = None, isolation: str = "read_committed"):
+    def read(self, start: int, end: int | None = None, isolation: str = "read_committed",
+             fail_on_data_loss: bool = False):
         """:meth:`ReadOnlyDirectory.read` within this view."""
         _check_isolation(isolation)
-        return self._read(max(start, self.log_start), self.limit(isolation, end), isolation == "read_committed")
+        return self._read(max(start, self.log_start), self.limit(isolation, end), isolation == "read_committed",
+                          self._loss_cb(fail_on_data_loss))
 
-    def _read(self, start: int, limit: int, committed: bool):
-        for seg, pos, info in self.batches(start, limit):
+    def _read(self, start: int, limit: int, committed: bool, lost_cb=None):
+        for seg, pos, info in self.batches(start, limit, lost_cb):
             if self.skipped(info, committed):
                 continue
             first = max(start, info.base_offset)
@@ -259,7 +315,7 @@ class PartitionView:
 
     def read_arrow(self, start: int, end: int | None = None, isolation: str = "read_committed",
                    max_rows: int = 65536, include_headers: bool = False, timestamp_unit: str = "ms",
-                   gather_below: int = GATHER_BELOW):
+                   gather_below: int = GATHER_BELOW, fail_on_data_loss: bool = False):
         """:meth:`ReadOnlyDirectory.read_arrow` within this view."""
         _check_isolation(isolation)
         if not isinstance(max_rows, int) or max_rows < 1:
@@ -269,7 +325,7 @@ class PartitionView:
         limit = self.limit(isolation, end)
         start = max(start, self.log_start)
         return _arrow_batches(self, start, limit, isolation == "read_committed", max_rows, include_headers,
-                              timestamp_unit, gather_below)
+                              timestamp_unit, gather_below, self._loss_cb(fail_on_data_loss))
 
 
 def _inode(path: str):
@@ -293,6 +349,7 @@ class _PartitionReader:
         self._aborted_key = None
         self._aborted = None
         self._scanned = None           # (ReadView, PartitionView) of the last scan
+        self._txnindex_damaged = False  # a .txnindex entry failed its CRC at the last read of them
 
     def readview(self) -> ReadView | None:
         if self._rv_map is None:
@@ -303,10 +360,19 @@ class _PartitionReader:
             try:
                 if os.fstat(fd).st_size < READVIEW_BYTES:
                     return None
-                self._rv_map = mmap.mmap(fd, READVIEW_BYTES, prot=mmap.PROT_READ)
+                # A txmq Mapping: should the file shrink under it, a read
+                # gets zeros (no whole slot) instead of a SIGBUS.
+                self._rv_mapping = Mapping(fd, READVIEW_BYTES, False)
+                self._rv_map = memoryview(self._rv_mapping)
             finally:
                 os.close(fd)
-        return read_readview(self._rv_map)
+        rv = read_readview(self._rv_map)
+        if self._rv_mapping.faulted:          # the file shrank: map it again next time
+            self._rv_map.release()
+            self._rv_mapping.close()
+            self._rv_map = None
+            return None
+        return rv
 
     def view(self) -> PartitionView:
         if not os.path.isdir(self.path):
@@ -351,8 +417,17 @@ class _PartitionReader:
         if plan is None:
             raise _Moved(f"segments {bases[:1]}..{bases[-1:]}, readview {rv.log_start}..{rv.active_base}")
         segs = [self._segment(base, size, next_offset) for base, size, next_offset in plan]
-        return PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
-                             "readview", segs, aborted, rv.epoch, [s.base for s in segs])
+        view = PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
+                             "readview", segs, aborted, rv.epoch, [s.base for s in segs], self.path)
+        if self._txnindex_damaged:
+            # An entry fails its CRC (damage: the writer writes whole
+            # entries before it publishes): the transaction state as
+            # opening builds it, from the snapshot and the published log.
+            ongoing, view.aborted, replay_from = self._txn_snapshot(rv.log_start, rv.log_end)
+            for _, _, info in view.batches(max(replay_from, rv.log_start), rv.log_end):
+                if info.flags & TRANSACTIONAL:
+                    replay_txn_header(info, ongoing, view.aborted)
+        return view
 
     def _segment(self, base: int, size: int, next_offset: int) -> _Seg:
         """Segment ``base`` known good up to ``size`` bytes (-1: the whole
@@ -372,6 +447,7 @@ class _PartitionReader:
         if key == self._aborted_key:
             return self._aborted
         aborted = AbortSet()
+        self._txnindex_damaged = False
         # In segment order, so the set is in marker order (listdir's is arbitrary).
         names = sorted((n for n in os.listdir(self.path) if n.endswith(TXNINDEX_SUFFIX)),
                        key=lambda n: int(n[:-len(TXNINDEX_SUFFIX)]))
@@ -383,7 +459,10 @@ class _PartitionReader:
                 continue           # deleted by retention since listdir
             # Up to the first bad entry (one being appended, or damage): the
             # rest is not vouched for.
-            for hi, lo, _, first, marker in txnindex_entries(raw)[0]:
+            entries, bad = txnindex_entries(raw)
+            if bad is not None:
+                self._txnindex_damaged = True
+            for hi, lo, _, first, marker in entries:
                 aborted.add(hi, lo, first, marker)
         self._aborted_key, self._aborted = key, aborted
         return aborted
@@ -404,13 +483,14 @@ class _PartitionReader:
         start = segs[0].base if segs else (rv.log_end if rv is not None else 0)
         end = segs[-1].next_offset if segs else start
         view = PartitionView(self.topic, self.index, start, end, end, "scan", segs, AbortSet(), 0,
-                             [s.base for s in segs])
-        if rv is not None and rv.log_start <= end and rv.log_end <= end:
+                             [s.base for s in segs], self.path)
+        below = self._aborted_below(end) if rv is not None else None
+        if rv is not None and rv.log_start <= end and rv.log_end <= end and not self._txnindex_damaged:
             # The log holds all the read view vouches for: its transaction
             # state (no transaction open below its maxReadPosition, the
             # aborted ones in the .txnindex files) plus a replay after it.
             ongoing = OngoingQueue()
-            aborted = view.aborted = self._aborted_below(end)
+            aborted = view.aborted = below
             replay_from = rv.max_read_position
             view.source, view.epoch = ("readview" if rv.state == RV_CLOSED else "readview+scan"), rv.epoch
         else:
@@ -480,11 +560,10 @@ class ReadOnlyDirectory:
 
     def topic_config(self, topic: str) -> dict:
         """The topic's ``topic.json`` (partitions, retention)."""
-        try:
-            with builtin_open(os.path.join(self.path, "topics", topic, "topic.json")) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            raise TopicNotFoundError(topic) from None
+        tdir = os.path.join(self.path, "topics", topic)
+        if not os.path.exists(os.path.join(tdir, "topic.json")):
+            raise TopicNotFoundError(topic)
+        return Topic.load_config(tdir)       # CorruptLogError (path, byte) when damaged
 
     def partitions(self, topic: str) -> list:
         """The partition numbers of ``topic``: ``[0, .., N-1]``."""
@@ -524,19 +603,24 @@ class ReadOnlyDirectory:
     # -- reading ----------------------------------------------------------------
 
     def read(self, topic: str, partition: int, start: int, end: int | None = None,
-             isolation: str = "read_committed"):
+             isolation: str = "read_committed", fail_on_data_loss: bool = False):
         """Messages of one partition with offsets in [start, end), in offset
         order, as :class:`txmq.Message` (key, value, headers, message_id,
         event_time, publish_time, txn_id). ``end`` defaults to, and is
         capped by, maxReadPosition under ``read_committed`` and the log end
         under ``read_uncommitted``. Markers are never returned; batches of
         aborted transactions only under ``read_uncommitted``. A ``start``
-        below the log start begins at the log start."""
-        return self.view(topic, partition).read(start, end, isolation)
+        below the log start begins at the log start.
+
+        Offsets whose bytes failed their checks (quarantined: docs/FORMAT.md)
+        are skipped and logged; with ``fail_on_data_loss`` the read raises
+        :class:`txmq.errors.DataLossError` (path and byte) on reaching them
+        instead."""
+        return self.view(topic, partition).read(start, end, isolation, fail_on_data_loss)
 
     def read_arrow(self, topic: str, partition: int, start: int, end: int | None = None,
                    isolation: str = "read_committed", max_rows: int = 65536, include_headers: bool = False,
-                   timestamp_unit: str = "ms", gather_below: int = GATHER_BELOW):
+                   timestamp_unit: str = "ms", gather_below: int = GATHER_BELOW, fail_on_data_loss: bool = False):
         """``pyarrow.RecordBatch``es of the messages :meth:`read` would
         return, at most ``max_rows`` rows each, with the columns of Spark's
         Kafka source (:data:`arrow_schema`).
@@ -549,7 +633,7 @@ class ReadOnlyDirectory:
         decoded. ``timestamp_unit``: "ms", or "us" for Spark (whose Arrow
         reader takes microsecond timestamps only)."""
         return self.view(topic, partition).read_arrow(start, end, isolation, max_rows, include_headers,
-                                                      timestamp_unit, gather_below)
+                                                      timestamp_unit, gather_below, fail_on_data_loss)
 
     # -- subscriptions and transactions (inspection) ---------------------------------
 
@@ -570,8 +654,7 @@ class ReadOnlyDirectory:
         partition)`` gives the partition views (default :meth:`view`, a
         fresh one each): a caller that already holds them passes its own."""
         root = os.path.join(self.path, "subscriptions", topic, name)
-        with builtin_open(os.path.join(root, "subscription.json")) as f:
-            settings = json.load(f)
+        settings = read_json(os.path.join(root, "subscription.json"))
         isolation = settings.get("isolation", "read_committed")
         committed = isolation == "read_committed"
         out = dict(settings, name=name, topic=topic, partitions={})
@@ -637,6 +720,15 @@ def open(path, *, wait_s: float = 10.0) -> ReadOnlyDirectory:   # noqa: A001 - t
     return ReadOnlyDirectory(path, wait_s=wait_s)
 
 
+def _saved_quarantine(directory: str) -> list:
+    """The ranges of a partition's ``quarantine.json`` (none when it is
+    missing or does not parse: reads find the damage again)."""
+    try:
+        return [Quarantined(*q) for q in read_quarantine(os.path.join(directory, QUARANTINE_FILE))]
+    except (OSError, CorruptLogError):
+        return []
+
+
 def _check_isolation(isolation: str) -> None:
     if isolation not in ISOLATIONS:
         raise InvalidArgumentError("isolation", isolation, " | ".join(ISOLATIONS))
@@ -698,7 +790,7 @@ def arrow_schema(include_headers: bool = False, timestamp_unit: str = "ms"):
 
 
 def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool, max_rows: int,
-                   include_headers: bool, unit: str, gather_below: int):
+                   include_headers: bool, unit: str, gather_below: int, lost_cb=None):
     """Record batches of at most ``max_rows`` rows. A batch of
     ``gather_below`` rows or more is yielded on its own, its key and value
     columns views of the mapping (Arrow's binary layout has one offsets
@@ -730,7 +822,7 @@ def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool,
         return record_batch(pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
                             np.asarray(offsets, np.int64), np.asarray(times, np.int64), headers)
 
-    for seg, pos, info in view.batches(start, limit):
+    for seg, pos, info in view.batches(start, limit, lost_cb):
         if view.skipped(info, committed):
             continue
         i0 = max(start, info.base_offset) - info.base_offset

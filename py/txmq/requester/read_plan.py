@@ -466,7 +466,8 @@ def read_split(opts: ReadOptions, rng, directory=None):
         # maxReadPosition and the log end never move back while the files
         # last; a shorter log means the directory was replaced or lost data.
         raise DataLossError(rng.topic, rng.partition, rng.end, top, "the log ends before the planned end")
-    return view.read_arrow(start, rng.end, opts.isolation, MAX_ROWS_PER_BATCH, opts.include_headers, "us")
+    return view.read_arrow(start, rng.end, opts.isolation, MAX_ROWS_PER_BATCH, opts.include_headers, "us",
+                           fail_on_data_loss=opts.fail_on_data_loss)
 
 
 # -- streaming ---------------------------------------------------------------------------

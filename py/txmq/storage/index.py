@@ -11,14 +11,17 @@ when lost or wrong. :func:`index_problem` is the one predicate for "wrong".
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
 
 from txmq._batch import FIELD_OFFSETS, HEADER_SIZE_BYTES, MAGIC, VERSION
 from txmq._segment import Segment
-from txmq.files import write_atomic
+from txmq.files import is_full, write_atomic
 from txmq.storage.layout import INDEX_SUFFIX, TIMEINDEX_SUFFIX, segment_file
+
+log = logging.getLogger("txmq.partition")
 
 INDEX_ENTRY = np.dtype([("a", "<i8"), ("b", "<i8")])
 assert INDEX_ENTRY.itemsize == 16
@@ -63,10 +66,14 @@ def write_entries(path: str, a, b, truncate: bool = False) -> None:
 
 def rewrite_index(directory: str, seg: Segment) -> tuple:
     """Replace both index files of ``seg`` with its in-memory indexes;
-    returns (offset entries, time entries) written."""
+    returns (offset entries, time entries) written ((0, 0) when a full
+    disk refused them: :func:`_not_written`)."""
     offs, poss, ts, toffs = seg.index_entries()
-    write_entries(segment_file(directory, seg.base_offset, INDEX_SUFFIX), offs, poss, truncate=True)
-    write_entries(segment_file(directory, seg.base_offset, TIMEINDEX_SUFFIX), ts, toffs, truncate=True)
+    try:
+        write_entries(segment_file(directory, seg.base_offset, INDEX_SUFFIX), offs, poss, truncate=True)
+        write_entries(segment_file(directory, seg.base_offset, TIMEINDEX_SUFFIX), ts, toffs, truncate=True)
+    except OSError as e:
+        return _not_written(directory, seg, e)
     return len(offs), len(ts)
 
 
@@ -77,9 +84,28 @@ def append_index(directory: str, seg: Segment, written: tuple) -> tuple:
     n_off, n_ts = written
     if n_off > len(offs) or n_ts > len(ts):
         return rewrite_index(directory, seg)
-    write_entries(segment_file(directory, seg.base_offset, INDEX_SUFFIX), offs[n_off:], poss[n_off:])
-    write_entries(segment_file(directory, seg.base_offset, TIMEINDEX_SUFFIX), ts[n_ts:], toffs[n_ts:])
+    try:
+        write_entries(segment_file(directory, seg.base_offset, INDEX_SUFFIX), offs[n_off:], poss[n_off:])
+        write_entries(segment_file(directory, seg.base_offset, TIMEINDEX_SUFFIX), ts[n_ts:], toffs[n_ts:])
+    except OSError as e:
+        return _not_written(directory, seg, e)
     return len(offs), len(ts)
+
+
+def _not_written(directory: str, seg: Segment, e: OSError) -> tuple:
+    """A full disk refused an index write. Indexes are derived: drop both
+    files (opening rebuilds a missing index from its segment) and return
+    (0, 0), so the next checkpoint writes them whole; any other error is
+    raised."""
+    if not is_full(e):
+        raise e
+    for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+        try:
+            os.unlink(segment_file(directory, seg.base_offset, suffix))
+        except FileNotFoundError:
+            pass
+    log.warning("txmq: indexes of %s not written (%s); written again later", seg.path, e)
+    return 0, 0
 
 
 def torn(path: str) -> bool:

@@ -10,9 +10,13 @@ its side files (docs/FORMAT.md has the bytes).
 
       0  4  magic b"TXRP"          16  8  position in that segment
       4  1  version 1               24  8  next offset at that position
-      5  3  reserved                32  4  crc32c of bytes [0, 32)
-      8  8  segment base offset     36  4  reserved
+      5  1  fsync mode of its writer 32  4  crc32c of bytes [0, 32)
+      6  2  reserved                36  4  reserved
+      8  8  segment base offset
 
+  (fsync mode: 0 not recorded, 1 "never", 2 "commit", 3 "always");
+- ``quarantine.json``: the quarantined ranges of the partition's segments
+  (:func:`quarantine_bytes`);
 - ``txnbuffer.snap``: ``<4s magic b"TXTB", u8 version 1, u8 flags,
   2 reserved, i64 replay-from offset>``, the ongoing and aborted tables
   (``_txn`` ``to_bytes``), crc32c of everything before it;
@@ -27,6 +31,7 @@ its side files (docs/FORMAT.md has the bytes).
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 
@@ -44,17 +49,22 @@ RECOVERY_POINT_FILE = "recovery-point"
 TXNBUF_FILE = "txnbuffer.snap"
 PRODUCERS_FILE = "producers.snap"
 READVIEW_FILE = "readview"
-PARTITION_FILES = (RECOVERY_POINT_FILE, TXNBUF_FILE, PRODUCERS_FILE, READVIEW_FILE)
+QUARANTINE_FILE = "quarantine.json"
+PARTITION_FILES = (RECOVERY_POINT_FILE, TXNBUF_FILE, PRODUCERS_FILE, READVIEW_FILE, QUARANTINE_FILE)
 
-RECOVERY_POINT = struct.Struct("<4sB3xqqqI4x")
+RECOVERY_POINT = struct.Struct("<4sBB2xqqqI4x")
 RECOVERY_POINT_MAGIC = b"TXRP"
 RECOVERY_POINT_VERSION = 1
 RP_VERSION_OFFSET = 4
+RP_FSYNC_OFFSET = RP_VERSION_OFFSET + 1
 RP_BASE_OFFSET = RP_VERSION_OFFSET + 4
 RP_POSITION_OFFSET = RP_BASE_OFFSET + 8
 RP_NEXT_OFFSET_OFFSET = RP_POSITION_OFFSET + 8
 RP_CRC_OFFSET = RP_NEXT_OFFSET_OFFSET + 8
 assert RECOVERY_POINT.size == 40 and RP_CRC_OFFSET == 32
+# The writer's fsync mode, so every reader of a partition judges a hole
+# or a gap between segments as the promise its data was written under.
+FSYNC_CODES = {"never": 1, "commit": 2, "always": 3}
 
 TXNBUF_MAGIC = b"TXTB"
 TXNBUF_VERSION = 1
@@ -103,19 +113,20 @@ def is_leftover(name: str) -> bool:
 
 # -- recovery point --------------------------------------------------------------------
 
-def recovery_point_bytes(base: int, position: int, next_offset: int) -> bytes:
-    body = RECOVERY_POINT.pack(RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION, base, position, next_offset, 0)
+def recovery_point_bytes(base: int, position: int, next_offset: int, fsync: str | None = None) -> bytes:
+    body = RECOVERY_POINT.pack(RECOVERY_POINT_MAGIC, RECOVERY_POINT_VERSION, FSYNC_CODES.get(fsync, 0), base,
+                               position, next_offset, 0)
     return body[:RP_CRC_OFFSET] + struct.pack("<I4x", crc32c_of(body[:RP_CRC_OFFSET]))
 
 
 def parse_recovery_point(path: str, raw: bytes, bases) -> tuple:
-    """(segment base, position, next offset) of recovery-point bytes ``raw``
+    """(segment base, position, next offset, fsync code) of recovery-point bytes ``raw``
     of a partition whose segments start at ``bases``; CorruptLogError (at
     the byte it is about) when they are not a sound one. Whether the
     position lies in its segment is the caller's to check."""
     if len(raw) < RECOVERY_POINT.size:
         raise CorruptLogError(path, len(raw), f"{len(raw)} bytes, expected {RECOVERY_POINT.size}")
-    magic, version, base, pos, next_offset, crc = RECOVERY_POINT.unpack_from(raw)
+    magic, version, fsync, base, pos, next_offset, crc = RECOVERY_POINT.unpack_from(raw)
     if magic != RECOVERY_POINT_MAGIC:
         raise CorruptLogError(path, 0, f"bad magic {magic!r}")
     if version != RECOVERY_POINT_VERSION:
@@ -127,7 +138,61 @@ def parse_recovery_point(path: str, raw: bytes, bases) -> tuple:
     if pos < 0 or next_offset < base:
         raise CorruptLogError(path, RP_POSITION_OFFSET,
                               f"position {pos} or next offset {next_offset} is out of range")
-    return base, pos, next_offset
+    return base, pos, next_offset, fsync
+
+
+# -- quarantine ------------------------------------------------------------------------
+
+QUARANTINE_FORMAT = 1
+QUARANTINE_FIELDS = ("segment", "position", "end_position", "first_offset", "end_offset", "reason")
+
+
+def quarantine_bytes(entries) -> bytes:
+    """The bytes of ``quarantine.json`` holding ``entries`` (objects with
+    the attributes of :data:`QUARANTINE_FIELDS`)."""
+    return json.dumps({"format": QUARANTINE_FORMAT,
+                       "ranges": [{k: getattr(e, k) for k in QUARANTINE_FIELDS} for e in entries]},
+                      indent=1).encode() + b"\n"
+
+
+def read_quarantine(path: str) -> list:
+    """The quarantined ranges of ``quarantine.json`` at ``path``, as
+    ``txmq.storage.loader.Quarantined``-shaped namespaces (empty when the
+    file is missing); CorruptLogError when it does not parse."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return []
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptLogError(path, getattr(e, "pos", 0) or 0, f"not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != QUARANTINE_FORMAT or not isinstance(doc.get("ranges"), list):
+        raise CorruptLogError(path, 0, "not a quarantine file of format 1")
+    out = []
+    for r in doc["ranges"]:
+        if (not isinstance(r, dict) or not all(isinstance(r.get(k), int) for k in QUARANTINE_FIELDS[:-1])
+                or not isinstance(r.get("reason", ""), str)):
+            raise CorruptLogError(path, 0, f"bad range {r!r}")
+        out.append(QuarantineRange(*(r.get(k, "") for k in QUARANTINE_FIELDS)))
+    return out
+
+
+class QuarantineRange(tuple):
+    """(segment, position, end position, first offset, end offset, reason)."""
+
+    __slots__ = ()
+
+    def __new__(cls, *fields):
+        return tuple.__new__(cls, fields)
+
+    segment = property(lambda self: self[0])
+    position = property(lambda self: self[1])
+    end_position = property(lambda self: self[2])
+    first_offset = property(lambda self: self[3])
+    end_offset = property(lambda self: self[4])
+    reason = property(lambda self: self[5])
 
 
 # -- snapshots ---------------------------------------------------------------------------

@@ -10,32 +10,42 @@ LogLoader), in one of three modes that agree on every case:
 The walk (docs/FORMAT.md, "Opening a partition"): segments below the
 resume point (the ``recovery-point`` file) are trusted: their indexes are
 adopted and their end offset is read from the headers after the last index
-entry. From the resume point on, every batch is checked; the first that
-fails ends the log there. A missing or unsound recovery point, or one past
-the end of its segment's file, makes every segment scanned.
+entry. From the resume point on, every batch is checked. A batch that
+fails but is followed by a sound one (``Segment.find_batch``: a bounded
+scan for the next batch whose header and CRC check) is **quarantined**:
+its bytes are skipped, its offsets lost, the log around it kept; a bad
+tail with nothing sound after it ends the log there. A missing or unsound
+recovery point, or one past the end of its segment's file, makes every
+segment scanned. Holes (zeroed headers, a file that ends inside a header)
+and gaps between segments end the log when the recovery point says the
+writer ran with ``fsync="never"`` (a power loss keeps no promise, so the
+longest consistent prefix is kept and the rest reported); otherwise they
+are damage and quarantined too.
 
 Per case:
 
 ===============================  ==============  ==============  ===============
 case                             writer          read-only       check
 ===============================  ==============  ==============  ===============
-bad batch at/after resume point  cut there, drop  view ends there corrupt, "cuts"
+bad batch, sound ones after      quarantined     same            corrupt,
+(anywhere; below the resume      (below it: by                   "quarantined"
+point found by the first read)   the first read)
+bad tail of the last segment     cut there       view ends there corrupt, "cuts"
+hole / gap, fsync="never"        cut there, drop same            corrupt, "cuts"
                                  later segments
-bad batch below resume point     kept; a read of  same            corrupt, "keeps"
-                                 it raises
-                                 CorruptLogError
-gap between segments (or a       CorruptLogError  same error      corrupt,
-trusted segment that ends short) (path, byte)                    "refuses"
-index of a trusted segment       rebuilt by a     same scan,      repairable (or
-missing / wrong                  scan; a bad      same error      "refuses")
-                                 batch refuses
-index of the resume point's      rebuilt by a     same scan       repairable (or
-segment missing / wrong          scan from byte                   "cuts")
-                                 0; a bad batch
-                                 cuts
-recovery point missing / bad     scan every       scan every      repairable
-                                 segment          segment
+hole / gap, durable or unknown   quarantined     same            corrupt,
+                                                                 "quarantined"
+segments that overlap            CorruptLogError same error      corrupt,
+                                 (path, byte)                    "refuses"
+index of a segment missing /     rebuilt by a    same scan       repairable
+wrong                            scan
+recovery point missing / bad     scan every      scan every      repairable
+                                 segment         segment
 ===============================  ==============  ==============  ===============
+
+Quarantined ranges are kept in ``quarantine.json`` (restored on open where
+they still hold), so stats, ``topics describe`` and ``txmq check`` list
+them before any read.
 
 Snapshots (``txnbuffer.snap``, ``producers.snap``) belong to the
 transaction buffer and the producer state, not to this walk: a bad one is
@@ -50,11 +60,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from txmq._batch import HEADER_SIZE_BYTES
 from txmq._segment import Segment
 from txmq.errors import CorruptLogError
 from txmq.storage.index import (INDEX_ENTRY, batches_end, index_problem, load_entries, rewrite_index, torn)
-from txmq.storage.layout import (INDEX_SUFFIX, RECOVERY_POINT, RECOVERY_POINT_FILE, SEGMENT_FILES,
-                                 TIMEINDEX_SUFFIX, parse_recovery_point, segment_bases, segment_file)
+from txmq.storage.layout import (FSYNC_CODES, INDEX_SUFFIX, QUARANTINE_FILE, RECOVERY_POINT, RECOVERY_POINT_FILE,
+                                 SEGMENT_FILES, TIMEINDEX_SUFFIX, parse_recovery_point, read_quarantine,
+                                 segment_bases, segment_file)
 
 WRITER = "writer"
 READ_ONLY = "read-only"
@@ -94,7 +106,11 @@ class LogLoader:
     log's (a writer's retention was deleting them). ``published``:
     (base, size) of a live owner's active segment (check mode: bytes past
     ``size`` are being written, not damage). ``report(Dropped)``: told of
-    every cut and rebuild as it happens (writer).
+    every cut, quarantine and rebuild as it happens (writer).
+
+    After :meth:`load`, :attr:`quarantined` lists what the walk
+    quarantined (:class:`Quarantined`), and :attr:`cut` says where it cut
+    the log (position in a segment, reason), or None.
     """
 
     def __init__(self, directory: str, mode: str, *, segment_bytes_max: int = 0,
@@ -111,12 +127,19 @@ class LogLoader:
         self.problems: list = []          # Dropped (writer, read-only) or Problem (check)
         self.index_written: dict = {}     # writer: segment base -> (offset entries, time entries) on disk
         self.damaged: set = set()         # check: bases of segments with a bad batch
+        self.quarantined: list = []       # Quarantined, found by this walk or restored from the file
+        self.cut = None                   # (segment path, position, reason) where the walk cut the log
         self.bases = [b for b in segment_bases(directory) if min_base is None or b >= min_base]
         self.point = None                 # the recovery point as parsed (check reads it whole)
         self.resume = self._recovery_point()
         if self.resume is not None and self.resume[0] in self.bases and \
                 self.resume[1] > os.path.getsize(segment_file(directory, self.resume[0])):
             self.resume = None            # the segment lost bytes it vouched for: scan every segment
+        # Holes and gaps between segments end the log (a consistent prefix)
+        # when the writer promised nothing after a power loss; otherwise
+        # they are damage, quarantined like any other.
+        self.holes_end = self.point is not None and self.point[3] == FSYNC_CODES["never"]
+        self.saved = self._saved_quarantine()
 
     # -- what is trusted -------------------------------------------------------------
 
@@ -138,7 +161,26 @@ class LogLoader:
             elif self.mode == WRITER and len(raw) == RECOVERY_POINT.size:   # shorter: its first write, cut short
                 self._drop(path, e.position, f"invalid recovery point ({e.reason}); scanning every segment")
             return None
-        return self.point
+        return self.point[:3]
+
+    def _saved_quarantine(self) -> dict:
+        """{segment base: [entry]} of the partition's quarantine file (an
+        entry is used only where it still holds); a bad file is ignored:
+        reads find the damage again."""
+        path = os.path.join(self.directory, QUARANTINE_FILE)
+        try:
+            entries = read_quarantine(path)
+        except CorruptLogError as e:
+            if self.mode == CHECK:
+                self._problem(path, e.position, f"{e.reason}; the next open rewrites it from what it finds",
+                              REPAIRABLE)
+            elif self.mode == WRITER:
+                self._drop(path, e.position, f"{e.reason}; rewritten from what opening and reads find")
+            return {}
+        out: dict = {}
+        for e in entries:
+            out.setdefault(e.segment, []).append(Quarantined(*e))
+        return out
 
     def _plan(self, base: int):
         """(position, next offset) to scan segment ``base`` from, or None
@@ -154,7 +196,7 @@ class LogLoader:
     def load(self) -> list:
         """The segments of the log, in order (writer: the last one writable
         with ``segment_bytes_max`` of room). Raises CorruptLogError where
-        the log has a gap (writer, read-only)."""
+        segments overlap (writer, read-only)."""
         if self.mode == CHECK:
             return self._check()
         segments = []
@@ -163,51 +205,101 @@ class LogLoader:
             last = i == len(bases) - 1
             next_base = None if last else bases[i + 1]
             plan = self._plan(base)
+            writable = self.mode == WRITER and last
             if plan is None:
                 seg = Segment(segment_file(self.directory, base), base, 0, False, self.index_interval_bytes)
                 segments.append(seg)
-                self._trust(seg, next_base)
-                continue
-            writable = self.mode == WRITER
-            seg = Segment(segment_file(self.directory, base), base, self.segment_bytes_max if last and writable else 0,
-                          writable, self.index_interval_bytes)
-            segments.append(seg)
+                self._restore(seg)
+                if self._trust(seg, next_base):
+                    continue
+                segments[-1] = seg = self._reopen(seg, False)
+                plan = (0, base)
+            else:
+                seg = Segment(segment_file(self.directory, base), base, self.segment_bytes_max if writable else 0,
+                              writable, self.index_interval_bytes)
+                segments.append(seg)
+                self._restore(seg)
             pos, next_offset = plan
             if pos and not self.adopt_index(seg, pos, next_offset, partial=True):
                 pos, next_offset = 0, base
-            bad = seg.recover(pos, next_offset)
+            known = len(seg.quarantined())
+            # Only the last segment's tail can hold bytes not yet written
+            # back; holes elsewhere are damage unless nothing was promised.
+            bad = seg.recover(pos, next_offset, True, last or self.holes_end)
+            self._note_quarantined(seg, known)
             if bad is not None:
-                self._cut(segments, bad, bases[i + 1:], last)
-                break
-            if next_base is not None and seg.next_offset != next_base:
-                raise _gap(seg, seg.size, seg.next_offset, next_base)
-            if writable:
-                self._rewrite(seg)
-                if not last:
-                    seg.seal()
-                    if self.fsync != "never":
-                        seg.sync_file()      # rescanned: durable before a recovery point trusts it
-        return segments
-
-    def _trust(self, seg: Segment, next_base: int) -> None:
-        """Segment ``seg``, below the resume point, known good up to its
-        file size: adopt its indexes (rebuilt by a scan when missing or
-        wrong), then check that its batches end where the next segment
-        begins."""
-        if self.adopt_index(seg, seg.file_size, next_base):
-            offs, poss, _, _ = seg.index_entries()
-            start = (int(poss[-1]), int(offs[-1])) if len(offs) else (0, seg.base_offset)
-            end_pos, end = batches_end(seg, seg.size, *start)
-        else:
-            bad = seg.recover(0, seg.base_offset)
-            if bad is not None:
-                raise CorruptLogError(seg.path, bad[0], f"{bad[1]} (below the recovery point, in a segment "
-                                                        f"whose index is rebuilt)")
+                if last or next_base <= seg.next_offset or (self.holes_end and _is_hole(seg.path, bad[0])):
+                    self._cut(segments, bad, bases[i + 1:], last)
+                    break
+                self._quarantine_tail(seg, bad[0], next_base, bad[1])
+            elif next_base is not None and seg.next_offset != next_base:
+                if next_base < seg.next_offset:
+                    raise _gap(seg, seg.size, seg.next_offset, next_base)
+                reason = _gap(seg, seg.size, seg.next_offset, next_base).reason
+                if self.holes_end:
+                    self._cut(segments, (seg.size, reason), bases[i + 1:], False)
+                    break
+                self._quarantine_tail(seg, seg.size, next_base, reason)
             if self.mode == WRITER:
                 self._rewrite(seg)
-            end_pos, end = seg.size, seg.next_offset
-        if end != next_base:
-            raise _gap(seg, end_pos, end, next_base)
+                if not last and self.fsync != "never":
+                    seg.sync_file()      # rescanned: durable before a recovery point trusts it
+        return segments
+
+    def _reopen(self, seg: Segment, writable: bool) -> Segment:
+        seg.close(trim=False)
+        out = Segment(seg.path, seg.base_offset, self.segment_bytes_max if writable else 0, writable,
+                      self.index_interval_bytes)
+        self._restore(out)
+        return out
+
+    def _trust(self, seg: Segment, next_base: int) -> bool:
+        """Segment ``seg``, below the resume point, known good up to its
+        file size: adopt its indexes and check that its batches end where
+        the next segment begins. False when either fails: the caller scans
+        it (a bad index is rebuilt; damage is quarantined or cut)."""
+        if not self.adopt_index(seg, seg.file_size, next_base):
+            return False
+        offs, poss, _, _ = seg.index_entries()
+        start = (int(poss[-1]), int(offs[-1])) if len(offs) else (0, seg.base_offset)
+        end_pos, end = batches_end(seg, seg.size, *start)
+        return end == next_base or any(q.end_offset == next_base for q in self._held(seg))
+
+    def _held(self, seg: Segment) -> list:
+        return [q for q in self.quarantined if q.segment == seg.base_offset]
+
+    def _restore(self, seg: Segment) -> None:
+        """Quarantine in ``seg`` the saved ranges that still hold: the bytes
+        there still fail, and a sound batch of the saved end offset starts
+        where the range ends (or the range ends the segment)."""
+        for q in self.saved.get(seg.base_offset, ()):
+            if _still_holds(seg, q):
+                seg.quarantine_add(q.position, q.end_position, q.first_offset, q.end_offset, q.reason)
+                if q not in self.quarantined:
+                    self.quarantined.append(q)
+
+    def _note_quarantined(self, seg: Segment, known: int) -> None:
+        """Report the ranges the scan of ``seg`` quarantined."""
+        for pos, end_pos, first, end, reason in seg.quarantined():
+            q = Quarantined(seg.base_offset, pos, end_pos, first, end, reason)
+            if q in self.quarantined:
+                continue
+            self.quarantined.append(q)
+            self._drop(seg.path, pos, f"{reason}; quarantined bytes {pos}..{end_pos} (offsets {first}..{end - 1} "
+                                      f"lost; readers skip them)")
+
+    def _quarantine_tail(self, seg: Segment, pos: int, next_base: int, reason: str) -> None:
+        """The batches of ``seg`` stop at ``pos`` short of the next segment
+        (a bad tail, or a segment that ends early): its bytes from there
+        and the offsets up to ``next_base`` are lost, the log goes on."""
+        end_pos = max(pos, seg.file_size)
+        first = seg.next_offset
+        seg.quarantine_add(pos, end_pos, first, next_base, reason)
+        q = Quarantined(seg.base_offset, pos, end_pos, first, next_base, reason)
+        if q not in self.quarantined:
+            self.quarantined.append(q)
+        self._drop(seg.path, pos, f"{reason}; quarantined bytes {pos}..{end_pos} (offsets {first}..{next_base - 1} "
+                                  f"lost; readers skip them)")
 
     def adopt_index(self, seg: Segment, size: int, next_offset: int, partial: bool = False) -> bool:
         """Load the on-disk indexes of ``seg`` (:func:`read_index`) when
@@ -233,19 +325,20 @@ class LogLoader:
         ``segments``: offsets must stay dense, so nothing after survives.
         The writer cuts the files there; a read-only view just ends."""
         seg = segments[-1]
+        self.cut = (seg.path, bad[0], bad[1])
         self._drop(seg.path, bad[0], bad[1])
         for base in later:
             self._drop(segment_file(self.directory, base), 0, "segment after a truncated one")
             if self.mode == WRITER:
                 for suffix in SEGMENT_FILES:
                     _unlink(segment_file(self.directory, base, suffix))
+        self.quarantined = [q for q in self.quarantined
+                            if q.segment < seg.base_offset or (q.segment == seg.base_offset and q.position < bad[0])]
         if self.mode != WRITER:
             return
         if not last:
-            seg.close(trim=True)
-            seg = segments[-1] = Segment(seg.path, seg.base_offset, self.segment_bytes_max, True,
-                                         self.index_interval_bytes)
-            seg.recover(0, seg.base_offset)
+            seg = segments[-1] = self._reopen(seg, True)
+            seg.recover(0, seg.base_offset, True, True)
         self._rewrite(seg)
 
     def _rewrite(self, seg: Segment) -> None:
@@ -263,78 +356,111 @@ class LogLoader:
     # -- check: every byte, and what opening would do with it ------------------------------
 
     def _check(self) -> list:
-        """Every segment scanned from byte 0, read-only; each bad batch and
-        gap reported with what the writer's walk does there. Returns the
-        segments (the caller checks their side files, then closes them)."""
+        """What opening does (the read-only walk), and every bad range of
+        every segment (each scanned from byte 0, read-only), each reported
+        with what opening and reads do there. Returns the scanned segments
+        (the caller checks their side files, then closes them)."""
+        walk = LogLoader(self.directory, READ_ONLY, min_base=self.min_base)
+        walk.saved = self.saved
+        try:
+            opened = walk.load()
+        except CorruptLogError as e:
+            self._problem(e.path, e.position, f"{e.reason}: segments overlap; opening refuses the partition")
+            opened = None
+        for seg in opened or ():
+            seg.close(False)
+        cut_at = (walk.cut[0], walk.cut[1]) if opened is not None and walk.cut is not None else None
+        if cut_at is not None and self.published is not None \
+                and cut_at == (segment_file(self.directory, self.published[0]), cut_at[1]) \
+                and cut_at[1] >= self.published[1]:
+            cut_at = None                 # past what the live owner has published: being written now
         segments = []
-        cut = False                       # the writer's log ended before this segment
+        dropped = opened is None          # past the cut (or refused): nothing after is the log's
         bases = self.bases
         for i, base in enumerate(bases):
-            next_base = None if i == len(bases) - 1 else bases[i + 1]
             path = segment_file(self.directory, base)
             seg = Segment(path, base, 0, False)
             segments.append(seg)
-            bad = seg.recover(0, base)
+            bad = seg.recover(0, base, True, False)
             if bad is not None and self.published is not None and self.published[0] == base \
                     and bad[0] >= self.published[1]:
                 bad = None                # past what the live owner has published: being written now
+            ranges = [(q[0], q[4]) for q in seg.quarantined()]
             if bad is not None:
+                ranges.append(bad)
+            if cut_at is not None and cut_at[0] == path and not any(r[0] == cut_at[1] for r in ranges):
+                ranges.append((cut_at[1], walk.cut[2]))
+                ranges.sort()
+            if ranges:
                 self.damaged.add(base)
-            if cut:
-                if bad is not None:
-                    self._problem(path, bad[0], f"{bad[1]}; opening drops this segment (the log is cut "
-                                                f"before it)")
-                continue
-            plan = self._plan(base)
-            if plan is None:
-                verdict = self._check_trusted(seg, bad, next_base)
-            elif bad is not None and plan[0] and bad[0] < plan[0] and self._adopts(seg, plan[0], plan[1]):
-                verdict = "kept"
-            else:
-                verdict = "cut" if bad is not None else None
-                if bad is None and next_base is not None and seg.next_offset != next_base:
-                    self._refused(seg, seg.size, seg.next_offset, next_base)
-                    cut = True
-            if verdict == "kept":
-                self._problem(path, bad[0], f"{bad[1]}; below the recovery point, so opening keeps it and "
-                                            f"a read of this batch raises CorruptLogError")
-            elif verdict == "cut":
-                later = len(bases) - i - 1
-                self._problem(path, bad[0], f"{bad[1]}; opening cuts the log here"
-                                            + (f" and drops the {later} later segment(s)" if later else ""))
-                cut = True
-            elif verdict == "refused":
-                cut = True
+            later = len(bases) - i - 1
+            for pos, reason in ranges:
+                if dropped:
+                    self._problem(path, pos, f"{reason}; opening drops this segment (the log is cut before it)")
+                elif cut_at == (path, pos):
+                    self._problem(path, pos, f"{reason}; opening cuts the log here"
+                                  + (f" and drops the {later} later segment(s)" if later else ""))
+                    dropped = True
+                else:
+                    self._problem(path, pos, f"{reason}; opening keeps the log around it: its offsets are "
+                                             f"quarantined (lost), readers skip them and report the loss")
+                    if cut_at is not None and cut_at[0] == path and pos > cut_at[1]:
+                        dropped = True
+            if cut_at is not None and cut_at[0] == path:
+                dropped = True
+            elif not ranges and i + 1 < len(bases) and seg.next_offset != bases[i + 1] and not dropped:
+                e = _gap(seg, seg.size, seg.next_offset, bases[i + 1])
+                self._problem(e.path, e.position, f"{e.reason}; the offsets between are quarantined (lost), "
+                                                  f"readers skip them and report the loss")
         return segments
 
-    def _check_trusted(self, seg: Segment, bad, next_base: int):
-        """What the writer's :meth:`_trust` does with ``seg`` (scanned from
-        byte 0 here): "kept" (a bad batch it does not scan), "refused"
-        (reported here) or None."""
-        size = seg.file_size
-        off, _, problem = read_index(self.directory, seg, size, next_base)
-        if problem is None:
-            start = (int(off["b"][-1]), int(off["a"][-1])) if len(off) else (0, seg.base_offset)
-            end_pos, end = batches_end(seg, size, *start)
-        elif bad is not None:
-            self._problem(seg.path, bad[0], f"{bad[1]}; below the recovery point in a segment whose index "
-                                            f"opening rebuilds: opening refuses the partition")
-            return "refused"
-        else:
-            end_pos, end = seg.size, seg.next_offset
-        if end != next_base:
-            self._refused(seg, end_pos, end, next_base)
-            return "refused"
-        return "kept" if bad is not None else None
 
-    def _adopts(self, seg: Segment, size: int, next_offset: int) -> bool:
-        """Whether the writer adopts the indexes of ``seg`` below its
-        resume point at byte ``size`` (check mode)."""
-        return read_index(self.directory, seg, size, next_offset, partial=True)[2] is None
+@dataclass(frozen=True)
+class Quarantined:
+    """A quarantined range of a segment: bytes [position, end_position) of
+    segment ``segment`` that fail their checks, which held offsets
+    [first_offset, end_offset), now lost."""
 
-    def _refused(self, seg: Segment, end_pos: int, end: int, next_base: int) -> None:
-        e = _gap(seg, end_pos, end, next_base)
-        self._problem(e.path, e.position, f"{e.reason}: offsets are not dense; opening refuses the partition")
+    segment: int
+    position: int
+    end_position: int
+    first_offset: int
+    end_offset: int
+    reason: str = ""
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Quarantined) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def key(self) -> tuple:
+        return self.segment, self.position
+
+    def as_dict(self) -> dict:
+        return {"segment": self.segment, "position": self.position, "end_position": self.end_position,
+                "first_offset": self.first_offset, "end_offset": self.end_offset, "reason": self.reason}
+
+
+def _is_hole(path: str, pos: int) -> bool:
+    """Whether the bad bytes at ``pos`` of segment file ``path`` are what a
+    power loss leaves of a write that had not reached the disk: a zeroed
+    batch header, or a file that ends before a header would."""
+    with open(path, "rb") as f:
+        head = os.pread(f.fileno(), HEADER_SIZE_BYTES, pos)
+    return len(head) < HEADER_SIZE_BYTES or not head[:8].strip(b"\0")
+
+
+def _still_holds(seg: Segment, q: Quarantined) -> bool:
+    """Whether the saved range ``q`` still describes ``seg``: its bytes
+    fail (no sound batch of its first offset starts there) and a sound
+    batch of its end offset starts at its end, or it ends the file."""
+    size = seg.file_size
+    if not 0 <= q.position <= q.end_position <= size or q.first_offset >= q.end_offset:
+        return False
+    if q.position < q.end_position and seg.check_at(q.position, q.first_offset) is None:
+        return False
+    return q.end_position == size or seg.check_at(q.end_position, q.end_offset) is None
 
 
 def read_index(directory: str, seg: Segment, size: int, next_offset: int, partial: bool = False):

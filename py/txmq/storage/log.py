@@ -27,11 +27,12 @@ import threading
 from txmq._batch import BatchSpec
 from txmq._segment import Segment, SegmentClosedError
 from txmq._redolog import sync_dir
-from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
+from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError, StorageFullError
 from txmq.storage.index import append_index, index_problem, rewrite_index
-from txmq.storage.layout import (INDEX_SUFFIX, RECOVERY_POINT_FILE, SEGMENT_FILES, SEGMENT_SUFFIX, TXNINDEX_SUFFIX,
-                                 recovery_point_bytes, segment_file)
-from txmq.storage.loader import WRITER, Dropped, LogLoader
+from txmq.files import write_atomic
+from txmq.storage.layout import (INDEX_SUFFIX, QUARANTINE_FILE, RECOVERY_POINT_FILE, SEGMENT_FILES, SEGMENT_SUFFIX,
+                                 TXNINDEX_SUFFIX, quarantine_bytes, recovery_point_bytes, segment_file)
+from txmq.storage.loader import WRITER, Dropped, LogLoader, Quarantined
 
 log = logging.getLogger("txmq.partition")
 
@@ -65,6 +66,7 @@ class SegmentLog:
         self._index_written = {}         # segment base -> (offset entries, time entries) on disk
         self._scrub_next = -1            # the segment scrub_indexes checked last
         self.last_publish_time = 0
+        self._quarantine_saved: list = []   # the ranges quarantine.json holds
 
     def _file(self, base: int, suffix: str) -> str:
         return segment_file(self.path, base, suffix)
@@ -110,6 +112,7 @@ class SegmentLog:
                            index_interval_bytes=self.index_interval_bytes, fsync=self.fsync, report=self.report)
         segments = loader.load()
         self._index_written = loader.index_written
+        self._quarantine_saved = None if loader.saved or loader.quarantined else []
         if not segments:
             self._segments = (self._new_segment(0),)
             self._write_recovery_point()
@@ -122,6 +125,7 @@ class SegmentLog:
             self.active.sync()
         self._synced_offset = self.end_offset
         self._write_recovery_point()
+        self._save_quarantine()
         if os.environ.get("TXMQ_DEBUG") == "1":
             self.verify()
 
@@ -180,11 +184,52 @@ class SegmentLog:
         self.dropped.append(dropped)
         log.warning("txmq: truncated %s", dropped)
 
+    # -- quarantine ------------------------------------------------------------------
+
+    def quarantined(self) -> list:
+        """The quarantined ranges of the log (``loader.Quarantined``), in
+        offset order: bytes that fail their checks in the middle of the log,
+        whose offsets are lost and which readers skip. Found by opening, or
+        by the first read below a recovery point that met them."""
+        return [Quarantined(seg.base_offset, *q) for seg in self._segments for q in seg.quarantined()]
+
+    def segment_path(self, base: int) -> str:
+        """The path of segment ``base``'s file."""
+        return self._file(base, SEGMENT_SUFFIX)
+
+    def lost_offsets(self, start: int, end: int) -> list:
+        """[(first, end)] of the quarantined offsets in [start, end)."""
+        return [(max(q.first_offset, start), min(q.end_offset, end)) for q in self.quarantined()
+                if q.first_offset < end and q.end_offset > start]
+
+    def _save_quarantine(self) -> None:
+        """Rewrite ``quarantine.json`` when the quarantined ranges changed
+        (partition lock held, or opening/closing); a range found by a read
+        is logged here, once."""
+        now = self.quarantined()
+        if now == self._quarantine_saved:
+            return
+        for q in now:
+            if self._quarantine_saved is None or q not in self._quarantine_saved:
+                log.warning("txmq: %s: quarantined %s at bytes %d..%d: offsets %d..%d lost (%s)", self.name,
+                            self._file(q.segment, SEGMENT_SUFFIX), q.position, q.end_position, q.first_offset,
+                            q.end_offset - 1, q.reason)
+        path = os.path.join(self.path, QUARANTINE_FILE)
+        if now:
+            try:
+                write_atomic(path, quarantine_bytes(now), fsync=self.fsync != "never")
+            except StorageFullError as e:
+                log.warning("txmq: %s: %s not written (%s); written again later", self.name, QUARANTINE_FILE, e)
+                return
+        else:
+            _unlink(path)
+        self._quarantine_saved = now
+
     # -- recovery point and index files (partition lock held) -----------------------
 
     def _write_recovery_point(self) -> None:
         seg = self.active
-        raw = recovery_point_bytes(seg.base_offset, seg.size, seg.next_offset)
+        raw = recovery_point_bytes(seg.base_offset, seg.size, seg.next_offset, self.fsync)
         fd = os.open(os.path.join(self.path, RECOVERY_POINT_FILE), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, raw, 0)
@@ -228,10 +273,22 @@ class SegmentLog:
         self.last_publish_time = now
         return base
 
+    def _check_files(self) -> None:
+        """Stop with CorruptLogError when another process removed the
+        active segment or truncated it under its mapping: appending to it
+        would lose data (partition lock held; at every roll, checkpoint
+        and close)."""
+        seg = self.active
+        seg.check_mapping()
+        if seg.removed:
+            raise CorruptLogError(seg.path, 0, "the segment file was removed by another process while this "
+                                               "broker had it open; the partition stops taking writes")
+
     def _roll(self) -> None:
         """Seal the active segment and start the next, with a recovery
         point there (a subclass extends it to write what it keeps as of
         the same log end)."""
+        self._check_files()
         old = self.active
         old.seal()
         if self.fsync != "never":
@@ -242,6 +299,7 @@ class SegmentLog:
             sync_dir(self.path)
         self._segments = self._segments + (seg,)
         self._write_recovery_point()
+        self._save_quarantine()
 
     def _maybe_checkpoint(self) -> None:
         """Keep the recovery point within :data:`CHECKPOINT_BYTES` of the log end."""
@@ -253,11 +311,13 @@ class SegmentLog:
         their index entries and record a recovery point there (a subclass
         extends it to write what it keeps as of the same log end), so
         opening scans only what came after."""
+        self._check_files()
         seg = self.active
         if self.fsync != "never":
             seg.sync(self._checkpoint_pos, seg.size)
         self._append_index(seg)
         self._write_recovery_point()
+        self._save_quarantine()
 
     def sync_to(self, offset: int) -> None:
         """Make every offset below ``offset`` durable. Threads that wait here
@@ -310,15 +370,19 @@ class SegmentLog:
         return None, -1
 
     def next_batch(self, seg: Segment, pos: int):
-        """The (segment, position) after the batch at ``pos``."""
-        end = pos + seg.batch_at(pos).length
+        """The (segment, position) after the batch at ``pos``, past
+        quarantined bytes (their offsets are lost)."""
+        end = seg.next_position(pos)
         if end < seg.size:
             return seg, end
         segs = self._segments
         for i, s in enumerate(segs):
             if s is seg and i + 1 < len(segs):
-                nxt = segs[i + 1]
-                return (nxt, 0) if nxt.size else (None, -1)
+                for nxt in segs[i + 1:]:
+                    first = nxt.first_position()
+                    if first < nxt.size:
+                        return nxt, first
+                return None, -1
         return None, -1
 
     def headers(self, start: int, end: int):
@@ -383,12 +447,14 @@ class SegmentLog:
     def _seal_active(self) -> None:
         """Make the active segment durable, trim it, rewrite its indexes and
         record a recovery point at its end (closing)."""
+        self._check_files()
         seg = self.active
         if self.fsync != "never":
             seg.sync()
         seg.seal()
         self._rewrite_index(seg)
         self._write_recovery_point()
+        self._save_quarantine()
 
     def _close_segments(self) -> None:
         """Unmap every segment; the log is closed after."""

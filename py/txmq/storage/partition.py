@@ -32,14 +32,14 @@ from txmq._batch import FLAG, BatchSpec
 from txmq._segment import SegmentClosedError
 from txmq._producers import FENCED
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
-from txmq.errors import CorruptLogError
+from txmq.errors import CorruptLogError, StorageFullError
 from txmq.files import write_atomic
 from txmq.storage import retention
 from txmq.storage.delivery import never_delivered, undelivered
 from txmq.storage.layout import (PRODUCERS_FILE, READVIEW_FILE, TXNBUF_FILE, is_leftover, read_producer_snapshot,
                                  read_txn_snapshot)
 from txmq.storage.loader import Dropped
-from txmq.storage.log import SegmentLog
+from txmq.storage.log import SegmentLog, log
 from txmq.storage.producer_state import DEFAULT_PRODUCER_EXPIRATION_MS, ProducerState
 from txmq.storage.txnbuffer import MARKER_FLAGS, TxnBuffer
 
@@ -342,8 +342,13 @@ class Partition(SegmentLog):
     def _write_snapshot(self, name: str, raw: bytes) -> None:
         # Any snapshot within the log is a correct starting point, so
         # writers need no order: each renames its own temporary file.
-        write_atomic(os.path.join(self.path, name), raw, fsync=self.fsync != "never",
-                     tmp_suffix=f".{threading.get_ident()}.tmp")
+        try:
+            write_atomic(os.path.join(self.path, name), raw, fsync=self.fsync != "never",
+                         tmp_suffix=f".{threading.get_ident()}.tmp")
+        except StorageFullError as e:
+            # Derived data: the older snapshot (or none) stays a correct
+            # starting point, from which opening replays more of the log.
+            log.warning("txmq: %s: snapshot %s not written: %s", self.name, name, e)
 
     def _read_snapshot(self, read, name: str):
         """What ``read`` (``layout.read_txn_snapshot``,
@@ -425,11 +430,15 @@ class Partition(SegmentLog):
         with self.lock:
             if not self._segments:
                 return
-            self._write_snapshots()
-            self._seal_active()
-            self._publish(self.end_offset, RV_CLOSED)
-            self._close_segments()
-            self._readview.close()
+            try:
+                self._write_snapshots()
+                self._seal_active()
+                self._publish(self.end_offset, RV_CLOSED)
+            finally:
+                # Files another process damaged stop the seal with an
+                # error; the partition still lets go of them.
+                self._close_segments()
+                self._readview.close()
 
     def __repr__(self) -> str:
         return f"Partition({self.topic!r}, {self.index})"
@@ -442,6 +451,8 @@ class Partition(SegmentLog):
             "bytes": sum(s.size for s in segs),
             "segments": len(segs),
             "truncated_on_open": [str(d) for d in self.dropped],
+            "quarantined": [q.as_dict() | {"path": self._file(q.segment, ".log")} for q in self.quarantined()],
+            "lost_offsets": sum(q.end_offset - q.first_offset for q in self.quarantined()),
             "producer_ids": len(self.producer_state),
         } | self.txn_stats()
 

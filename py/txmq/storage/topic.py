@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
-from txmq.files import write_json
-from txmq.errors import InvalidSubscriptionNameError, InvalidTopicNameError
+from txmq.files import read_json, write_json
+from txmq.errors import CorruptLogError, InvalidSubscriptionNameError, InvalidTopicNameError
 from txmq.storage.partition import Partition
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -48,8 +47,18 @@ class Topic:
 
     @staticmethod
     def load_config(path: str) -> dict:
-        with open(os.path.join(path, "topic.json")) as f:
-            return json.load(f)
+        """The topic's ``topic.json``; CorruptLogError (path, byte) when it
+        is not a config of at least one partition."""
+        file = os.path.join(path, "topic.json")
+        config = read_json(file)
+        n = config.get("partitions")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise CorruptLogError(file, 0, f"partitions is {n!r}, not an int >= 1")
+        for key in ("retention_ms", "retention_bytes"):
+            v = config.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise CorruptLogError(file, 0, f"{key} is {v!r}, not an int >= 0 or null")
+        return config
 
     @staticmethod
     def write_config(path: str, config: dict) -> None:
@@ -64,10 +73,20 @@ class Topic:
             "end_offsets": [p.end_offset for p in self.partitions],
             "start_offsets": [p.start_offset for p in self.partitions],
             "subscriptions": sorted(self.subscriptions),
+            # Offsets lost to bytes that failed their checks, per partition
+            # that has any (docs/FORMAT.md, "Quarantine").
+            "quarantined": {str(p.index): qs for p in self.partitions
+                            if (qs := [q.as_dict() | {"path": p.segment_path(q.segment)} for q in p.quarantined()])},
         }
 
     def close(self) -> None:
-        for sub in self.subscriptions.values():
-            sub.close()
-        for p in self.partitions:
-            p.close()
+        """Close the subscriptions and partitions; an error closing one
+        (a file another process damaged) is raised after the others closed."""
+        failed = []
+        for close in [sub.close for sub in self.subscriptions.values()] + [p.close for p in self.partitions]:
+            try:
+                close()
+            except Exception as e:
+                failed.append(e)
+        if failed:
+            raise failed[0]

@@ -146,7 +146,8 @@ class TxnBuffer:
         lies below :attr:`replay_from` (the replay adds the others again)
         and cutting a file at its first entry that fails its CRC or whose
         marker is not in its segment (``report(Dropped)`` is told). A
-        missing file below it is rebuilt from the abort set;
+        missing file below it, or one with such an entry, is rebuilt from
+        the abort set;
         ``producer_at(offset)`` gives the producer id of a transaction's
         first batch."""
         self._txnindex = {}
@@ -172,8 +173,15 @@ class TxnBuffer:
                     break
                 if entry[4] < limit:
                     keep.append(entry)
+            if bad is not None and seg.base_offset < self.replay_from:
+                # The abort set (snapshot) holds what the damaged entries did.
+                report(Dropped(path, bad * TXNINDEX_ENTRY.size, "bad aborted-transaction index entry; rebuilt "
+                                                                "from the transaction-buffer snapshot"))
+                rebuild.append(seg)
+                continue
             if bad is not None:
-                report(Dropped(path, bad * TXNINDEX_ENTRY.size, "bad aborted-transaction index entry; cut there"))
+                report(Dropped(path, bad * TXNINDEX_ENTRY.size, "bad aborted-transaction index entry; cut there "
+                                                                "(the replay writes the rest again)"))
             if len(keep) != n or len(raw) % TXNINDEX_ENTRY.size:
                 self._write_txnindex(seg.base_offset, keep)
             if keep:
