@@ -12,7 +12,11 @@ Each task attempt stages its Arrow batches in the on-disk batch layout
 returns its attempt id. With ``option("flight", "grpc://host:port")``
 (:mod:`pyspark_txmq.remote`) the task sends its batches to the owner's
 Flight service, which stages them there (``DoPut``), and the commit and
-abort are Flight actions: the same staging, the same one transaction. The job's commit ingests exactly the attempts
+abort are Flight actions: the same staging, the same one transaction.
+Given ``path``, a task whose executor cannot open the directory stages
+through the owner's Flight service the driver found in
+``<data>/flight.json`` (:class:`pyspark_txmq.remote.Fallback`); the
+commit stays the driver's. The job's commit ingests exactly the attempts
 Spark reports as successful **as one transaction**, through the process
 that owns the data directory (its control socket) or, when none does,
 by opening the directory itself; every other attempt of the job is

@@ -10,7 +10,11 @@ offset (maxReadPosition) under ``read_committed``, the log end under
 ``read_uncommitted``, or a smaller ``endingOffsets``. ``read()`` runs in
 an executor's Python worker, opens the directory again (or streams the
 range from the Flight service) and reads exactly that range. Both paths
-run :mod:`txmq.requester.read_plan`, so they plan and read alike. Below a view's
+run :mod:`txmq.requester.read_plan`, so they plan and read alike. Given
+``path``, a task whose executor cannot open the directory reads its range
+through the owner's Flight service instead, which the planner found in
+``<data>/flight.json`` and put in every range
+(:class:`pyspark_txmq.remote.Fallback`, docs/SPARK_CLUSTER.md). Below a view's
 maxReadPosition every transaction has ended, and maxReadPosition never
 moves back, so a task reading later, while a writer keeps appending, sees
 the same committed rows the planner counted: one consistent committed
