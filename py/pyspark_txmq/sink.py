@@ -12,7 +12,11 @@ Each task attempt stages its Arrow batches in the on-disk batch layout
 returns its attempt id. With ``option("flight", "grpc://host:port")``
 (:mod:`pyspark_txmq.remote`) the task sends its batches to the owner's
 Flight service, which stages them there (``DoPut``), and the commit and
-abort are Flight actions: the same staging, the same one transaction. The job's commit ingests exactly the attempts
+abort are Flight actions: the same staging, the same one transaction.
+Given ``path``, a task whose executor cannot open the directory stages
+through the owner's Flight service the driver found in
+``<data>/flight.json`` (:class:`pyspark_txmq.remote.Fallback`); the
+commit stays the driver's. The job's commit ingests exactly the attempts
 Spark reports as successful **as one transaction**, through the process
 that owns the data directory (its control socket) or, when none does,
 by opening the directory itself; every other attempt of the job is
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from pyspark_txmq.remote import FLIGHT_OPTIONS, flight_target
+from pyspark_txmq.remote import FLIGHT_OPTIONS, Fallback, fallback, flight_target, task_target
 from txmq import ingest
 from txmq.errors import InvalidArgumentError, StagingError
 from txmq.flight.client import connect
@@ -77,9 +81,11 @@ def _stream_job(key: str) -> str:
 
 
 def _options(options) -> tuple:
-    """``(destination, topic)``: the destination is the data directory's
-    path (a str), or the :class:`txmq.flight.client.FlightTarget` of the
-    ``flight`` option."""
+    """``(destination, topic, fallback)``: the destination is the data
+    directory's path (a str), or the :class:`txmq.flight.client.FlightTarget`
+    of the ``flight`` option; ``fallback`` (with a path) is where a task
+    whose executor cannot open the directory stages instead
+    (:class:`pyspark_txmq.remote.Fallback`)."""
     target = flight_target(options)
     path = options.get("path")
     topic = options.get("topic")
@@ -90,9 +96,9 @@ def _options(options) -> tuple:
         raise InvalidArgumentError("topic", topic, "the topic to write (.option('topic', ...))")
     if target is not None:
         _flight(target).topic_partitions(topic)     # TopicNotFoundError now, not in every task
-        return target, topic
+        return target, topic, None
     ingest.topic_partitions(path, topic)            # TopicNotFoundError now, not in every task
-    return path, topic
+    return path, topic, fallback(options, path)
 
 
 def _flight(target):
@@ -113,15 +119,20 @@ def _abort(dest, job: str, tombstone: bool = True) -> None:
         _flight(dest).abort(job, tombstone)
 
 
-def _stage(dest, job: str, topic: str, iterator, query: str | None = None) -> StagedAttempt:
+def _stage(dest, job: str, topic: str, iterator, query: str | None = None,
+           fb: Fallback | None = None) -> StagedAttempt:
     """One task attempt: stage every batch, mark the attempt complete. A
     ``topic`` column is not read: the ``topic`` option overrides it, as in
     Spark's Kafka sink. ``dest``: a data directory path, or a Flight
-    target (the owner stages what the task sends)."""
+    target (the owner stages what the task sends); a path this executor
+    cannot open goes to ``fb``'s target instead (the same staging
+    directory, so the driver's commit is the same)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     attempt = (f"p{ctx.partitionId()}-a{ctx.attemptNumber()}-" if ctx is not None else "") + uuid.uuid4().hex[:12]
+    if isinstance(dest, str):
+        dest = task_target(dest, fb) or dest
     if not isinstance(dest, str):
         return StagedAttempt(**_flight(dest).stage(job, attempt, topic, iterator), query=query)
     writer = ingest.StagedWriter(dest, job, attempt, topic)
@@ -155,13 +166,14 @@ class TxmqArrowWriter(DataSourceArrowWriter):
     """A batch write: one job id, staged per task attempt, one commit.
     ``path``: the data directory, or a Flight target."""
 
-    def __init__(self, path: str, topic: str):
+    def __init__(self, path, topic: str, fallback: Fallback | None = None):
         self.path = path
         self.topic = topic
+        self.fallback = fallback
         self.job = f"spark-{uuid.uuid4().hex}"
 
     def write(self, iterator) -> StagedAttempt:
-        return _stage(self.path, self.job, self.topic, iterator)
+        return _stage(self.path, self.job, self.topic, iterator, fb=self.fallback)
 
     def commit(self, messages) -> None:
         # Keyed by the job (a fresh id per write): if the owner dies during
@@ -179,14 +191,16 @@ class TxmqStreamArrowWriter(DataSourceStreamArrowWriter):
     in their commit messages. Micro-batches of one query run one at a
     time, so they share one staging job, emptied by each commit."""
 
-    def __init__(self, path: str, topic: str, sink_id: str | None = None):
+    def __init__(self, path, topic: str, sink_id: str | None = None, fallback: Fallback | None = None):
         self.path = path
         self.topic = topic
         self.sink_id = sink_id
+        self.fallback = fallback
 
     def write(self, iterator) -> StagedAttempt:
         query = _query_id()
-        return _stage(self.path, _stream_job(sink_key(self.sink_id, query)), self.topic, iterator, query)
+        return _stage(self.path, _stream_job(sink_key(self.sink_id, query)), self.topic, iterator, query,
+                      self.fallback)
 
     def _key(self, messages) -> str | None:
         queries = {m.query for m in messages if isinstance(m, StagedAttempt)}
@@ -227,11 +241,11 @@ def stream_writer(options, schema, overwrite: bool) -> TxmqStreamArrowWriter:
         raise InvalidArgumentError("outputMode", "complete", "'append' (a txmq topic is append-only)")
     _check_options(options, STREAM_OPTIONS)
     _check_columns(schema)
-    path, topic = _options(options)
+    path, topic, fb = _options(options)
     sink_id = options.get("sinkId")
     if sink_id is not None and not str(sink_id).strip():
         raise InvalidArgumentError("sinkId", sink_id, "a non-empty name, or no sinkId")
-    return TxmqStreamArrowWriter(path, topic, sink_id)
+    return TxmqStreamArrowWriter(path, topic, sink_id, fb)
 
 
 # Options each writer knows (lower case: Spark's option map is case-insensitive).

@@ -10,7 +10,11 @@ offset (maxReadPosition) under ``read_committed``, the log end under
 ``read_uncommitted``, or a smaller ``endingOffsets``. ``read()`` runs in
 an executor's Python worker, opens the directory again (or streams the
 range from the Flight service) and reads exactly that range. Both paths
-run :mod:`txmq.requester.read_plan`, so they plan and read alike. Below a view's
+run :mod:`txmq.requester.read_plan`, so they plan and read alike. Given
+``path``, a task whose executor cannot open the directory reads its range
+through the owner's Flight service instead, which the planner found in
+``<data>/flight.json`` and put in every range
+(:class:`pyspark_txmq.remote.Fallback`, docs/SPARK_CLUSTER.md). Below a view's
 maxReadPosition every transaction has ended, and maxReadPosition never
 moves back, so a task reading later, while a writer keeps appending, sees
 the same committed rows the planner counted: one consistent committed
@@ -33,13 +37,14 @@ grew) is read from its log start.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow)
 
 import txmq.readonly
-from pyspark_txmq.remote import FLIGHT_OPTIONS, flight_target, without_flight_options
+from pyspark_txmq.remote import FALLBACK, FLIGHT_OPTIONS, fallback, flight_target, task_target, \
+    without_flight_options
 from txmq.errors import DataLossError
 from txmq.flight.client import connect
 from txmq.flight.wire import Ticket
@@ -68,6 +73,7 @@ class OffsetRange(InputPartition):
     start: int
     end: int
     strict: bool = True
+    fallback: object = field(default=None, compare=False)     # a remote.Fallback, for a read given path
 
 
 def split(ranges: list, size: int, min_partitions: int | None) -> list:
@@ -75,12 +81,23 @@ def split(ranges: list, size: int, min_partitions: int | None) -> list:
     return read_plan.split(ranges, size, min_partitions)
 
 
-def _range(s) -> OffsetRange:
-    return OffsetRange(s.topic, s.partition, s.start, s.end, s.strict)
+def _range(s, fb=None) -> OffsetRange:
+    return OffsetRange(s.topic, s.partition, s.start, s.end, s.strict, fb)
 
 
+@dataclass(frozen=True)
 class _Local:
-    """Plans and reads by opening the data directory read-only."""
+    """Plans (in the driver) by opening the data directory read-only, and
+    reads the same way in the task, or, when the task's executor cannot
+    open the directory, through the owner's Flight service the planner
+    found (:class:`pyspark_txmq.remote.Fallback`, carried by each range;
+    ``fallback`` False: ``flight.fallback=false``)."""
+
+    fallback: bool = True
+
+    def resolve(self, opts):
+        """The :class:`pyspark_txmq.remote.Fallback` the ranges planned now carry."""
+        return fallback({FALLBACK: str(self.fallback)}, opts.path)
 
     def _open(self, opts):
         return txmq.readonly.open(opts.path)
@@ -98,6 +115,9 @@ class _Local:
             return read_plan.current_offsets(opts, directory)
 
     def read(self, opts, rng):
+        target = task_target(opts.path, rng.fallback)
+        if target is not None:
+            return connect(target).read(Ticket.of(rng, opts))
         return read_plan.read_split(opts, rng)
 
 
@@ -111,6 +131,9 @@ class _Flight:
 
     def _conn(self):
         return connect(self.target)
+
+    def resolve(self, opts):
+        return None                 # every task goes through the service already
 
     def plan(self, opts) -> list:
         return self._conn().plan(self.options)
@@ -132,7 +155,8 @@ def read_options(options, streaming: bool) -> tuple:
     ``option("flight", ...)``."""
     target = flight_target(options)
     if target is None:
-        return read_plan.parse_read_options(options, streaming, extra=()), _Local()
+        opts = read_plan.parse_read_options(options, streaming, extra=(FALLBACK,))
+        return opts, _Local(option_bool(options, FALLBACK, True))
     opts = read_plan.parse_read_options(options, streaming, path="", extra=FLIGHT_OPTIONS)
     return opts, _Flight(target, without_flight_options(options))
 
@@ -146,7 +170,9 @@ class TxmqReader(DataSourceReader):
         self.backend = backend or _Local()
 
     def partitions(self):
-        return [_range(s) for s in self.backend.plan(self.opts)]
+        splits = self.backend.plan(self.opts)
+        fb = self.backend.resolve(self.opts) if splits else None
+        return [_range(s, fb) for s in splits]
 
     def read(self, partition):
         if not isinstance(partition, OffsetRange):      # Spark's placeholder when nothing was planned
@@ -205,7 +231,11 @@ class TxmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lo = 0 if lo is None else lo
             if end[k] > lo:
                 ranges.append(OffsetRange(topic, p, lo, end[k], strict))
-        return split(ranges, self.opts.split_offsets, self.opts.min_partitions)
+        ranges = split(ranges, self.opts.split_offsets, self.opts.min_partitions)
+        if not ranges:
+            return ranges
+        fb = self.backend.resolve(self.opts)          # found again at each micro-batch: an owner may restart
+        return [replace(r, fallback=fb) for r in ranges]
 
     def read(self, partition):
         return self.backend.read(self.opts, partition)

@@ -314,6 +314,22 @@ class StagingError(TxmqError):
     closed, or holds a file that does not belong there (``txmq.ingest``)."""
 
 
+class DataDirUnreadableError(TxmqError):
+    """A process (a Spark task) cannot open a data directory it was given:
+    no rights to it, or it is not on this host, and no Flight service of
+    its owner to go through instead.
+
+    Attributes: ``path``, ``cause`` (the error opening it raised),
+    ``hint`` (what to do).
+    """
+
+    def __init__(self, path, cause: str, hint: str):
+        self.path = str(path)
+        self.cause = cause
+        self.hint = hint
+        super().__init__(f"data directory {self.path} cannot be opened here ({cause}): {hint}")
+
+
 class DataLossError(TxmqError):
     """Offsets a read was planned for, or a reader reached, are gone, and
     the reader asked to be told (``failOnDataLoss`` of the Spark source,

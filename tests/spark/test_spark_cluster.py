@@ -13,12 +13,17 @@ Python data source's tasks run the driver's interpreter path.
 
 - A batch read returns exactly the committed messages (aborted and open
   transactions never appear); the executors run as the other user and
-  cannot read the directory, and the same read through ``path`` fails.
+  cannot read the directory.
 - A streaming query (Flight in, Flight out, a checkpoint) whose driver is
   SIGKILLed mid-stream and restarted from the checkpoint writes every
   input message's output exactly once.
 - A batch write whose executor is SIGKILLed mid-task (a batch already
   sent) commits every row exactly once, in one transaction.
+- Given only ``path`` (no Flight option), a batch read returns the same
+  rows and a batch write commits every row once: the driver (root) plans
+  and commits locally, the tasks find the owner's Flight service in
+  ``flight.json`` and go through it; with ``flight.fallback=false`` the
+  tasks fail saying the path is unreadable there.
 
 Marked slow (about two minutes here); it needs root (else skipped with the
 reason), Java, and loopback ports. Everything it starts is stopped by it.
@@ -43,6 +48,7 @@ import pytest
 
 import txmq
 import txmq.readonly
+from unprivileged import others_can_enter, relocate_python
 
 import killer
 
@@ -58,38 +64,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _others_can_enter(path: str) -> bool:
-    """Every directory from / to ``path`` is searchable by other users."""
-    path = os.path.abspath(path)
-    while True:
-        if not os.stat(path).st_mode & 0o001:
-            return False
-        if path == "/":
-            return True
-        path = os.path.dirname(path)
-
-
-def _relocate_python(root: str) -> str:
-    """This interpreter and its packages, hard-linked under ``root`` (a
-    copy across file systems), and a wrapper script that runs it: the path
-    the cluster's processes run Python by."""
-    base = os.path.join(root, "python")
-    if subprocess.run(["cp", "-al", sys.prefix, base], capture_output=True).returncode != 0:
-        shutil.rmtree(base, ignore_errors=True)
-        subprocess.run(["cp", "-a", sys.prefix, base], check=True)
-    exe = os.path.join(base, os.path.relpath(os.path.realpath(sys.executable), sys.prefix))
-    if not os.path.exists(exe):
-        pytest.skip(f"the cluster test runs a plain interpreter, not a virtual environment ({sys.prefix})")
-    wrapper = os.path.join(root, "python.sh")
-    with open(wrapper, "w") as f:
-        # A pyenv-built interpreter finds libpython through a RUNPATH under
-        # the original prefix, which the worker's user cannot reach.
-        f.write(f'#!/bin/sh\nLD_LIBRARY_PATH="{base}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" '
-                f'exec "{exe}" "$@"\n')
-    os.chmod(wrapper, 0o755)
-    return wrapper
 
 
 class Cluster:
@@ -191,7 +165,7 @@ def cluster():
     for tool in ("useradd", "userdel", "setpriv", "java"):
         if shutil.which(tool) is None:
             pytest.skip(f"the cluster test needs {tool}")
-    if not _others_can_enter(SOURCE):
+    if not others_can_enter(SOURCE):
         pytest.skip(f"the executors import txmq from {SOURCE}, which other users cannot reach")
     created = False
     try:
@@ -204,7 +178,7 @@ def cluster():
     os.chmod(root, 0o755)
     c = None
     try:
-        c = Cluster(root, _relocate_python(root), USER)
+        c = Cluster(root, relocate_python(root), USER)
         c.start()
         yield c
     finally:
@@ -312,8 +286,11 @@ def test_batch_read_through_flight_is_committed_only(cluster, tmp_path):
     got = sorted(tuple(r) for r in json.loads(line_after(out, "ROWS ")))
     assert got == sorted(want)
     assert json.loads(line_after(out, "EXECUTOR ")) == [USER, False]     # tasks ran as the other user
-    failed = line_after(out, "LOCAL_FAILED ")                             # who cannot use the local path
-    assert "Permission denied" in failed or "not a txmq data directory" in failed, failed
+    # Given only path, the tasks went through the owner's Flight service by themselves.
+    assert sorted(tuple(r) for r in json.loads(line_after(out, "PATH_ROWS "))) == sorted(want)
+    failed = line_after(out, "LOCAL_FAILED ")                             # without the fallback they cannot
+    assert "DataDirUnreadableError" in failed and f"Permission denied, as user {USER}" in failed, failed
+    assert "flight.fallback is false" in failed, failed
 
 
 def test_streaming_read_restarted_after_the_driver_is_killed(cluster, tmp_path):
@@ -381,3 +358,20 @@ def test_batch_write_with_an_executor_killed_mid_task_commits_once(cluster, tmp_
     assert sorted(int(m.value) for m in got) == list(range(rows))         # each row once
     assert len({m.txn_id for m in got}) == 1                               # in one transaction
     assert os.listdir(data / "staging") == []
+
+
+def test_batch_write_given_only_path_goes_through_flight(cluster, tmp_path):
+    data = tmp_path / "data"
+    rows = 20_000
+    with txmq.Broker(data, fsync="never") as b:
+        b.create_topic("out", 2)
+    os.chmod(data, 0o700)
+    with Serving(data) as owner:
+        out = finish(driver(cluster, "write_path", str(data), owner.location, owner.token, rows=rows))
+        assert "WRITTEN" in out
+    ro = txmq.readonly.open(data)
+    got = [m for part in range(2) for m in ro.read("out", part, 0)]
+    assert sorted(int(m.value) for m in got) == list(range(rows))         # each row once
+    assert len({m.txn_id for m in got}) == 1                               # in one transaction
+    assert os.listdir(data / "staging") == []
+    assert not (data / "flight.json").exists()                             # the stopped owner unpublished it

@@ -10,16 +10,30 @@ same through a standalone cluster whose worker cannot open the directory.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pickle
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 
+import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 
 import txmq
 import txmq.readonly
+from pyspark_txmq.remote import Fallback, task_target
+from pyspark_txmq.sink import batch_writer, stream_writer
+from pyspark_txmq.source import TxmqReader, TxmqStreamReader, read_options
+from txmq.errors import DataDirUnreadableError, InvalidArgumentError
 from txmq.flight import serve_flight
+from txmq.flight.client import published_target
 from killer import drain
+from unprivileged import others_can_enter, relocate_python
 from spark_fixtures import spark  # noqa: F401  (pytest fixture)
 from test_spark_read import Workload, rows_of
 
@@ -225,3 +239,210 @@ def test_bad_flight_options_and_token_fail_the_query(spark, owner, tmp_path):  #
     with pytest.raises(Exception, match="Unavailable|unavailable|failed to connect|Connection refused"):
         spark.read.format("txmq").option("flight", service.location).option("flight.token", service.token) \
             .option("subscribe", "t").load().collect()
+
+
+# -- the fallback: a job given only path, whose executors cannot open the directory ----------
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))      # the py/ folder with txmq
+NOBODY = 65534
+_TASK = """
+import pickle, sys
+what, path, obj = pickle.load(sys.stdin.buffer)
+from pyspark_txmq.remote import directory_error
+try:
+    if what == "read":
+        reader, parts = obj
+        out = [list(reader.read(p)) for p in parts]
+    else:
+        writer, tasks = obj
+        out = [writer.write(iter(batches)) for batches in tasks]
+    result = ("ok", out, type(directory_error(path)).__name__)
+except Exception as e:
+    result = ("error", type(e).__name__, str(e))
+pickle.dump(result, sys.stdout.buffer)
+"""
+
+
+@pytest.fixture(scope="module")
+def unprivileged_python():
+    """A Python that user ``nobody`` can run (tests/unprivileged.py), or a skip."""
+    if os.geteuid() != 0:
+        pytest.skip("a task run as another user needs root (setpriv)")
+    if shutil.which("setpriv") is None:
+        pytest.skip("a task run as another user needs setpriv (util-linux)")
+    if not others_can_enter(SOURCE):
+        pytest.skip(f"the other user imports txmq from {SOURCE}, which other users cannot reach")
+    root = tempfile.mkdtemp(prefix="txmq-nobody-", dir="/tmp")
+    os.chmod(root, 0o755)
+    try:
+        yield relocate_python(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def as_nobody(python: str, what: str, path, obj):
+    """Run a task's side (``reader.read(partition)`` of each partition, or
+    ``writer.write(batches)`` of each task's batches) as user nobody on
+    the pickled ``obj``, as a Spark executor of another user would.
+    Returns ``("ok", results, the directory's error there)`` or
+    ``("error", class name, message)``."""
+    proc = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", _TASK],
+                          input=pickle.dumps((what, str(path), obj)), capture_output=True, cwd="/", timeout=120,
+                          env={"PYTHONPATH": SOURCE, "HOME": "/tmp", "PATH": os.environ.get("PATH", "/usr/bin")})
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    return pickle.loads(proc.stdout)
+
+
+def _mixed_topic(broker) -> None:
+    """Topic ``orders``: plain messages with keys and headers, a committed,
+    an aborted and an open transaction, then more plain messages."""
+    broker.create_topic("orders", 3)
+    p = broker.producer("orders")
+    for part in range(3):
+        p.send_batch([b"plain-%d-%d" % (part, i) for i in range(45)], partition=part,
+                     keys=[b"k%d" % i for i in range(45)], headers=[{"i": b"%d" % i} for i in range(45)])
+    committed, aborted = broker.new_transaction(), broker.new_transaction()
+    for part in range(3):
+        p.send_batch([b"C-%d" % i for i in range(5)], partition=part, txn=committed)
+        p.send_batch([b"A-%d" % i for i in range(5)], partition=part, txn=aborted)
+    committed.commit()
+    aborted.abort()
+    still_open = broker.new_transaction(timeout=600)
+    p.send_batch([b"O-%d" % i for i in range(3)], partition=1, txn=still_open)
+    for part in range(3):
+        p.send_batch([b"after-%d-%d" % (part, i) for i in range(6)], partition=part)
+
+
+def _rows(batch_lists) -> list:
+    return [[row for b in batches for row in b.to_pylist()] for batches in batch_lists]
+
+
+def _private_owner(tmp_path, **kwargs):
+    data = tmp_path / "data"
+    broker = txmq.Broker(data, fsync="never", **kwargs)
+    os.chmod(data, 0o700)
+    return broker
+
+
+def test_flight_json_says_where_the_service_listens(tmp_path):
+    broker = _private_owner(tmp_path)
+    try:
+        target, why = published_target(broker.path)
+        assert target is None and "flight.json does not exist" in why
+        service = serve_flight(broker, "127.0.0.1", 0)
+        published = json.loads((tmp_path / "data" / "flight.json").read_text())
+        assert published == {"v": 1, "pid": os.getpid(), "locations": [service.location],
+                             "token_sha256": hashlib.sha256(service.token.encode()).hexdigest()}
+        target, why = published_target(broker.path)
+        assert why is None and target.location == service.location and target.token == service.token
+        everywhere = serve_flight(broker, "0.0.0.0", 0)           # a wildcard bind: this host's name first
+        assert everywhere.locations == [f"grpc://{socket.getfqdn()}:{everywhere.port}", everywhere.location]
+        assert json.loads((tmp_path / "data" / "flight.json").read_text())["locations"] == everywhere.locations
+        everywhere.stop()                                          # its own file: removed
+        assert not (tmp_path / "data" / "flight.json").exists()
+        assert published_target(broker.path)[0] is None
+        again = serve_flight(broker, "127.0.0.1", 0)
+        kept = (tmp_path / "data" / "flight.json").read_text()
+        service.stop()                                             # not its file any more: kept
+        assert (tmp_path / "data" / "flight.json").read_text() == kept
+        assert published_target(broker.path)[0].location == again.location
+    finally:
+        broker.close()
+    # The owner is gone (a crash leaves the file): not taken.
+    (tmp_path / "data" / "flight.json").write_text(kept)
+    target, why = published_target(broker.path)
+    assert target is None and "gone" in why and "no process owns" in why
+    # A service with a token of its own: not found through flight.token.
+    with txmq.Broker(tmp_path / "data", fsync="never") as b:
+        serve_flight(b, "127.0.0.1", 0, token="t" * 40)
+        target, why = published_target(b.path)
+        assert target is None and "token of its own" in why
+
+
+def test_a_task_that_cannot_open_the_directory_reads_through_flight(unprivileged_python, tmp_path):
+    broker = _private_owner(tmp_path)
+    try:
+        _mixed_topic(broker)
+        service = serve_flight(broker, "127.0.0.1", 0)
+        for options in ({"subscribe": "orders", "includeHeaders": "true", "maxOffsetsPerPartition": "20"},
+                        {"subscribe": "orders", "isolation": "read_uncommitted"}):
+            opts, backend = read_options(dict(options, path=broker.path), streaming=False)
+            reader = TxmqReader(opts, backend)
+            parts = reader.partitions()                           # planned here, as in the driver
+            assert all(p.fallback.target.location == service.location for p in parts)
+            local = _rows([list(reader.read(p)) for p in parts])   # this process can open it
+            status, remote, error_there = as_nobody(unprivileged_python, "read", broker.path, (reader, parts))
+            assert (status, error_there) == ("ok", "PermissionError")   # the task could not open it ...
+            assert _rows(remote) == local                             # ... and read the same rows through Flight
+            assert sum(map(len, local)) > 100
+        # A streaming micro-batch's ranges carry it too.
+        opts, backend = read_options({"path": broker.path, "subscribe": "orders"}, streaming=True)
+        stream = TxmqStreamReader(opts, backend)
+        start = stream.initialOffset()
+        parts = stream.partitions(start, stream.latestOffset(start, stream.getDefaultReadLimit()))
+        status, remote, _ = as_nobody(unprivileged_python, "read", broker.path, (stream, parts))
+        assert status == "ok" and _rows(remote) == _rows([list(stream.read(p)) for p in parts])
+        # Without a service: a clear error in the task, saying what to do.
+        service.stop()
+        opts, backend = read_options({"path": broker.path, "subscribe": "orders"}, streaming=False)
+        reader = TxmqReader(opts, backend)
+        status, name, message = as_nobody(unprivileged_python, "read", broker.path, (reader, reader.partitions()))
+        assert (status, name) == ("error", "DataDirUnreadableError")
+        assert "Permission denied, as user nobody" in message and "flight.json does not exist" in message
+        assert "txmq serve DIR --flight" in message and "option('flight'" in message
+        # Turned off: the same error, saying so.
+        serve_flight(broker, "127.0.0.1", 0)
+        opts, backend = read_options({"path": broker.path, "subscribe": "orders", "flight.fallback": "false"}, False)
+        reader = TxmqReader(opts, backend)
+        status, name, message = as_nobody(unprivileged_python, "read", broker.path, (reader, reader.partitions()))
+        assert (status, name) == ("error", "DataDirUnreadableError") and "flight.fallback is false" in message
+    finally:
+        broker.close()
+
+
+def test_a_task_that_cannot_open_the_directory_stages_through_flight(unprivileged_python, tmp_path):
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    broker = _private_owner(tmp_path)
+    try:
+        broker.create_topic("out", 2)
+        serve_flight(broker, "127.0.0.1", 0)
+        consumer = broker.subscribe("out", "check", initial_position="earliest")
+        schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
+        writer = batch_writer({"path": broker.path, "topic": "out"}, schema, False)
+        tasks = [[pa.record_batch({"key": [str(i % 7) for i in range(lo, lo + 250)],
+                                   "value": [str(i) for i in range(lo, lo + 250)]}) for lo in range(t, t + 1000, 250)]
+                 for t in (0, 1000, 2000)]
+        status, messages, error_there = as_nobody(unprivileged_python, "write", broker.path, (writer, tasks))
+        assert (status, error_there) == ("ok", "PermissionError")
+        assert [m.messages for m in messages] == [1000, 1000, 1000]
+        writer.commit(messages)                       # the driver's commit, as always
+        writer.commit(messages)                       # asked again: once
+        got = list(drain(consumer))
+        assert sorted(int(m.value) for m in got) == list(range(3000))
+        assert len({m.txn_id for m in got}) == 1
+        assert {m.key for m in got if m.partition == 0} & {m.key for m in got if m.partition == 1} == set()
+        assert os.listdir(os.path.join(broker.path, "staging")) == []
+        # A streaming write's tasks carry the same fallback.
+        assert stream_writer({"path": broker.path, "topic": "out"}, schema, False).fallback == writer.fallback
+    finally:
+        broker.close()
+
+
+def test_fallback_options_are_checked(tmp_path):
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    with txmq.Broker(tmp_path / "data", fsync="never") as b:
+        b.create_topic("t", 1)
+        with pytest.raises(InvalidArgumentError, match="flight.fallback"):
+            read_options({"path": b.path, "subscribe": "t", "flight.fallback": "maybe"}, False)
+        with pytest.raises(InvalidArgumentError, match="flight.fallback.*only with path"):
+            read_options({"flight": "grpc://127.0.0.1:1", "flight.token": "x" * 40, "subscribe": "t",
+                          "flight.fallback": "true"}, False)
+        with pytest.raises(InvalidArgumentError, match="flight.fallback"):
+            batch_writer({"path": b.path, "topic": "t", "flight.fallback": "no"},
+                         StructType([StructField("value", StringType())]), False)
+        # Where the directory opens, the task never looks at the fallback.
+        assert task_target(b.path, Fallback(None, "none")) is None
+        with pytest.raises(DataDirUnreadableError, match="not a directory here"):
+            task_target(str(tmp_path / "elsewhere"), Fallback(None, "not a directory here"))

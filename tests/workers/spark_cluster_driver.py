@@ -9,8 +9,9 @@ Modes (each prints the lines the test waits for):
 - ``read``: a batch read of topic ``orders`` through Flight; prints
   ``ROWS <json [[partition, offset, value latin-1], ...]>``, then
   ``EXECUTOR <json [user, can read the data directory]>``, then the same
-  read through ``path`` (which the executors cannot open):
-  ``LOCAL_FAILED <message>``.
+  read given only ``path`` (which the executors cannot open: they go
+  through the owner's Flight service by themselves) as ``PATH_ROWS``, then
+  the same with ``flight.fallback=false``: ``LOCAL_FAILED <message>``.
 - ``stream``: a streaming query ``in`` -> ``out`` (value + "!") through
   Flight both ways, with a checkpoint; prints ``STARTED``; with
   ``"drain": true`` runs until the input is consumed, stops and prints
@@ -18,6 +19,8 @@ Modes (each prints the lines the test waits for):
 - ``write``: a batch write of ``rows`` values into topic ``out`` through
   Flight; the first attempt of task 0 touches ``marker`` after its first
   batch and then waits to be killed with its executor; prints ``WRITTEN``.
+- ``write_path``: a batch write of ``rows`` values into topic ``out``
+  given only ``path``; prints ``WRITTEN``.
 """
 
 from __future__ import annotations
@@ -56,8 +59,16 @@ def read(spark, args) -> None:
     seen = spark.sparkContext.parallelize([0], 1).map(
         lambda _: (__import__("getpass").getuser(), os.access(data, os.R_OK))).collect()[0]
     print("EXECUTOR " + json.dumps(seen), flush=True)
+    # Given only path: the driver reads the directory and plans; the tasks,
+    # which cannot open it, go through the owner's Flight service by themselves.
+    df = spark.read.format("txmq").option("path", data).option("subscribe", "orders") \
+        .option("maxOffsetsPerPartition", "50").load()
+    rows = [[r.partition, r.offset, bytes(r.value).decode("latin-1")]
+            for r in df.select("partition", "offset", "value").collect()]
+    print("PATH_ROWS " + json.dumps(rows), flush=True)
     try:
-        spark.read.format("txmq").option("path", data).option("subscribe", "orders").load().collect()
+        spark.read.format("txmq").option("path", data).option("subscribe", "orders") \
+            .option("flight.fallback", "false").load().collect()
         print("LOCAL_READ_WORKED", flush=True)
     except Exception as e:                 # noqa: BLE001 - the expected failure, printed for the test
         print("LOCAL_FAILED " + " ".join(str(e).split())[:2000], flush=True)
@@ -99,12 +110,19 @@ def write(spark, args) -> None:
     print("WRITTEN", flush=True)
 
 
+def write_path(spark, args) -> None:
+    df = (spark.range(0, args["rows"], numPartitions=4)
+          .selectExpr("cast(id % 11 as string) as key", "cast(id as string) as value"))
+    df.write.format("txmq").option("path", args["data"]).option("topic", "out").mode("append").save()
+    print("WRITTEN", flush=True)
+
+
 def main() -> None:
     mode, args = sys.argv[1], json.loads(sys.argv[2])
     args["mode"] = mode
     spark = session(args)
     spark.sparkContext.setLogLevel("ERROR")
-    {"read": read, "stream": stream, "write": write}[mode](spark, args)
+    {"read": read, "stream": stream, "write": write, "write_path": write_path}[mode](spark, args)
     spark.stop()
 
 

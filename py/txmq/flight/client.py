@@ -31,8 +31,9 @@ import pyarrow.flight as flight
 from txmq import errors
 from txmq.errors import InvalidArgumentError, TxmqError
 from txmq.flight import wire
+from txmq.requester.read_only_directory import writer_pid
 
-__all__ = ["FlightTarget", "FlightConnection", "connect", "raise_txmq_error"]
+__all__ = ["FlightTarget", "FlightConnection", "connect", "raise_txmq_error", "published_target"]
 
 ACTION_TIMEOUT_S = 120.0
 RETRY_S = 120.0
@@ -61,6 +62,40 @@ class FlightTarget:
 
     def __repr__(self) -> str:          # never show the token
         return f"FlightTarget({self.location!r})"
+
+
+def published_target(data_dir) -> tuple:
+    """``(FlightTarget, None)`` of the Flight service serving ``data_dir``
+    now, from its ``flight.json`` and ``flight.token`` (read here: the
+    caller can open the directory), or ``(None, why not)``. The file is
+    taken only while the process that wrote it still owns the directory
+    (a service that died leaves it behind), and the token only when its
+    digest is the one the service checks (a service given a token of its
+    own, ``serve_flight(token=...)``, cannot be found this way). The first
+    published location is used."""
+    where = wire.address_path(data_dir)
+    try:
+        published = wire.read_published(data_dir)
+    except (OSError, InvalidArgumentError) as e:
+        return None, f"{where} cannot be read ({e})"
+    if published is None:
+        return None, f"no Flight service serves it ({where} does not exist)"
+    owner = writer_pid(data_dir)
+    if owner is None or owner not in (0, published["pid"]):
+        return None, (f"the Flight service in {where} (pid {published['pid']}) is gone: "
+                      + ("no process owns the directory" if owner is None else f"pid {owner} owns it now"))
+    try:
+        with open(wire.token_path(data_dir)) as f:
+            token = f.read().strip()
+    except OSError as e:
+        return None, f"the Flight token {wire.token_path(data_dir)} cannot be read here ({e.strerror or e})"
+    if wire.token_digest(token) != published["token_sha256"]:
+        return None, (f"the Flight service in {where} checks a token of its own, not "
+                      f"{wire.token_path(data_dir)}: give option('flight', ...) with its token")
+    try:
+        return FlightTarget(published["locations"][0], token), None
+    except InvalidArgumentError as e:
+        return None, f"{where}: {e}"
 
 
 def raise_txmq_error(e: Exception):

@@ -37,6 +37,7 @@ import errno
 import hmac
 import json
 import logging
+import socket
 import threading
 
 import pyarrow as pa
@@ -135,7 +136,10 @@ class FlightService(flight.FlightServerBase):
     from construction; :meth:`stop` (or the broker's ``close()``) ends it.
 
     ``port`` is the bound port (pass 0 for a free one), ``location`` the
-    URI clients connect to, ``token`` the bearer token.
+    URI clients connect to, ``locations`` every URI it is published under
+    in ``<data>/flight.json`` (this host's name first for a wildcard
+    bind, then ``location``), ``token`` the bearer token. The file is
+    written when the service listens and removed when it stops.
     """
 
     def __init__(self, broker, host: str = "127.0.0.1", port: int = wire.DEFAULT_PORT, *, tls=None,
@@ -171,7 +175,17 @@ class FlightService(flight.FlightServerBase):
                 why += ", or the TLS certificate and key are not a matching PEM pair"
             raise OSError(errno.EADDRNOTAVAIL, f"cannot listen on {host}:{port} for Arrow Flight ({why}): {e}") \
                 from None
-        self.location = _location("127.0.0.1" if host in ("0.0.0.0", "::", "") else host, self.port, self.tls)
+        wildcard = host in ("0.0.0.0", "::", "")
+        self.location = _location("127.0.0.1" if wildcard else host, self.port, self.tls)
+        # Where it listens, for Spark jobs given only the path (docs/FORMAT.md,
+        # flight.json): a wildcard bind is reached by this host's name first.
+        self.locations = ([_location(socket.getfqdn(), self.port, self.tls)] if wildcard else []) + [self.location]
+        try:
+            self._published = wire.publish(broker.path, self.locations, self.token)
+        except BaseException:
+            self.shutdown()
+            self._dir.close()
+            raise
 
     # -- reads -------------------------------------------------------------------------
 
@@ -302,6 +316,7 @@ class FlightService(flight.FlightServerBase):
             if self._stopped:
                 return
             self._stopped = True
+        wire.unpublish(self.broker.path, self._published)       # no new job finds it
         done = threading.Thread(target=self.shutdown, name="txmq-flight-stop", daemon=True)
         done.start()
         done.join(timeout)

@@ -21,19 +21,26 @@ record batches are Arrow IPC as Flight sends them.
 
 Authentication: every call carries the header ``authorization: Bearer
 <token>``; the owner keeps the token in ``<data>/flight.token`` (mode 0600).
+
+Where a running service listens is published in ``<data>/flight.json``
+(:func:`publish`), so that a Spark job given only the directory's path
+finds it for executors that cannot open the directory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
 from dataclasses import dataclass
 
 from txmq.errors import InvalidArgumentError
+from txmq.files import write_atomic
 
 VERSION = 1
 TOKEN_FILE = "flight.token"
+ADDRESS_FILE = "flight.json"
 TOKEN_BYTES = 32                       # random bytes, written as URL-safe base64 (43 characters)
 AUTH_HEADER = "authorization"
 BEARER = "Bearer "
@@ -171,3 +178,56 @@ def check_token(token, where: str = "token") -> str:
     if not isinstance(token, str) or not 16 <= len(token) <= 512 or not all(33 <= ord(c) < 127 for c in token):
         raise InvalidArgumentError(where, "<hidden>", "16 to 512 visible ASCII characters")
     return token
+
+
+def token_digest(token: str) -> str:
+    """The SHA-256 of a token, hex: what ``flight.json`` says of the token
+    the service checks (never the token itself)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def address_path(data_dir) -> str:
+    return os.path.join(os.fspath(data_dir), ADDRESS_FILE)
+
+
+def publish(data_dir, locations: list, token: str) -> dict:
+    """Write ``<data>/flight.json`` (docs/FORMAT.md): the locations a
+    running service listens on, best first, the pid of the process serving
+    it (the directory's owner) and the digest of its token. Replaced
+    atomically: a reader sees the previous file or this one. Returns what
+    was written, for :func:`unpublish`."""
+    published = {"v": VERSION, "pid": os.getpid(), "locations": list(locations),
+                 "token_sha256": token_digest(token)}
+    write_atomic(address_path(data_dir), (json.dumps(published) + "\n").encode(),
+                 tmp_suffix=f".{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    return published
+
+
+def unpublish(data_dir, published: dict) -> None:
+    """Remove ``<data>/flight.json`` if it still holds ``published`` (a
+    service started later in the same directory keeps its own)."""
+    path = address_path(data_dir)
+    try:
+        if read_published(data_dir) == published:
+            os.unlink(path)
+    except (OSError, InvalidArgumentError):
+        pass
+
+
+def read_published(data_dir) -> dict | None:
+    """The contents of ``<data>/flight.json``, checked; None when there is
+    none. Raises :class:`InvalidArgumentError` for a file that is not one,
+    ``OSError`` when it cannot be read."""
+    path = address_path(data_dir)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    obj = decode(path, raw)
+    pid = field(obj, path, "pid", int)
+    locations = field(obj, path, "locations", list)
+    digest = field(obj, path, "token_sha256", str)
+    if pid <= 0 or not locations or not all(isinstance(x, str) for x in locations):
+        raise InvalidArgumentError(path, obj, "a pid > 0 and a non-empty list of locations")
+    return {"v": VERSION, "pid": pid, "locations": locations, "token_sha256": digest}

@@ -47,7 +47,7 @@ MARKER_FORMAT = 1
 # the demo may replace, and what a folder of a release that wrote no marker
 # holds.
 DATA_DIR_ENTRIES = frozenset({MARKER, "LOCK", "topics", "subscriptions", "coordinator", "producers.log",
-                              "half", "control.sock", "staging"})
+                              "half", "control.sock", "staging", "flight.token", "flight.json"})
 DELETED = "~deleted-"            # the infix of a folder a delete renamed, to be removed
 TOPIC_CONFIG = "topic.json"
 SUBSCRIPTION_CONFIG = "subscription.json"
