@@ -4,7 +4,7 @@ offsets and guarantees as the local path (tests/test_spark_read.py,
 tests/test_spark_write.py), in the shared local Spark session.
 
 The broker and its Flight service run in this process; Spark's Python
-workers reach them over loopback. tests/test_spark_cluster.py runs the
+workers reach them over loopback. tests/spark/test_spark_cluster.py runs the
 same through a standalone cluster whose worker cannot open the directory.
 """
 
@@ -265,7 +265,7 @@ pickle.dump(result, sys.stdout.buffer)
 
 @pytest.fixture(scope="module")
 def unprivileged_python():
-    """A Python that user ``nobody`` can run (tests/unprivileged.py), or a skip."""
+    """A Python that user ``nobody`` can run (tests/helpers/unprivileged.py), or a skip."""
     if os.geteuid() != 0:
         pytest.skip("a task run as another user needs root (setpriv)")
     if shutil.which("setpriv") is None:

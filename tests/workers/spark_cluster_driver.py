@@ -1,4 +1,4 @@
-"""A Spark driver for tests/test_spark_cluster.py: connects to the
+"""A Spark driver for tests/spark/test_spark_cluster.py: connects to the
 standalone master it is given and reads or writes txmq through the owner's
 Flight service only (the executors cannot open the data directory).
 

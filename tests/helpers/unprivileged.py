@@ -1,8 +1,8 @@
 """Running Python as another, unprivileged user from a test run as root:
 the interpreter (and its packages) hard-linked where that user can reach
 it (a Python under ``/root`` is not), and a wrapper that runs it.
-tests/test_spark_cluster.py runs its Spark worker with it,
-tests/test_spark_flight.py a task that cannot open the data directory."""
+tests/spark/test_spark_cluster.py runs its Spark worker with it,
+tests/spark/test_spark_flight.py a task that cannot open the data directory."""
 
 from __future__ import annotations
 
