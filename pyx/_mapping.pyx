@@ -33,6 +33,20 @@ def msync_count():
     return msync_calls
 
 
+# A test-only observer of every msync (txmq.testing.power_loss): called with
+# (fd, start, end) after the range is synced. None in production, so the
+# cost is one pointer test per msync.
+cdef object sync_hook = None
+
+
+def set_sync_hook(hook):
+    """Install ``hook(fd, start, end)``, called after each msync of a
+    mapping (its file descriptor and the synced byte range); None removes
+    it. For the power-loss simulation of the tests only."""
+    global sync_hook
+    sync_hook = hook
+
+
 cdef class Mapping:
     """A shared memory mapping of a file, exporting the buffer protocol.
 
@@ -49,6 +63,7 @@ cdef class Mapping:
         if p == MAP_FAILED:
             raise OSError(errno, os.strerror(errno))
         self.base = <char *>p
+        self.fd = fd
         self.size = size
         self.writable = writable
         if writable:
@@ -108,6 +123,8 @@ cdef class Mapping:
         msync_calls += 1
         if rc != 0:
             raise OSError(errno, os.strerror(errno))
+        if sync_hook is not None:
+            sync_hook(self.fd, s, end)
 
     def __dealloc__(self):
         self._unmap()

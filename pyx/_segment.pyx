@@ -190,6 +190,39 @@ cdef class Segment:
         self.last_publish_time = publish_time
         return base
 
+    def append_encoded(self, data):
+        """Write one already-encoded batch ``data`` at the end; return its
+        base offset, or -1 if full. Its header must name ``next_offset``
+        and pass every check (CRC included), else ValueError. Recovery uses
+        it to put back a transaction's batch from the copy in a
+        coordinator's decision record (docs/FORMAT.md)."""
+        cdef const unsigned char[::1] view = data
+        cdef Py_ssize_t need = len(data)
+        cdef Py_ssize_t start = self.size
+        cdef int64_t base = self.next_offset
+        cdef str reason
+        if not self.writable:
+            raise PermissionError(f"{self.path} is open read-only")
+        if need == 0:
+            raise ValueError("an empty batch")
+        reason = check_batch(<const char *>&view[0], need, base, True, NULL)
+        if reason is not None or load_u32(<const char *>&view[0] + LENGTH_OFFSET) != need:
+            raise ValueError(f"not a batch at offset {base}: {reason or 'length mismatch'}")
+        if start + need > self.capacity:
+            return -1
+        self._reserve(start + need)
+        n = os.pwrite(self.fd, data, start)
+        while n < need:
+            n += os.pwrite(self.fd, memoryview(data)[n:], start + n)
+        publish_time = load_i64(<const char *>&view[0] + PUBLISH_TIME_OFFSET)
+        self._indexed(start, base, publish_time)
+        if self.verified_from > start:
+            self.verified_from = start
+        self.size = start + need
+        self.next_offset = base + load_i32(<const char *>&view[0] + COUNT_OFFSET)
+        self.last_publish_time = publish_time
+        return base
+
     cdef int _write(self, BatchSpec spec, char *dst, Py_ssize_t start, int64_t base,
                     uint16_t flags, uint64_t txn_hi, uint64_t txn_lo, int64_t producer_id,
                     int16_t producer_epoch, int32_t base_sequence, int64_t publish_time) except -1:
