@@ -993,3 +993,85 @@ def replay_pending(frames, path=None):
             r.fail(-1, "unknown frame type")
         r.done()
     return txns
+
+
+# -- the decision record of a commit (txmq.transactions.decision has its layout) --
+
+def ranges_of(offsets):
+    """Sorted, merged ``[(start, end)]`` (end exclusive) of int ``offsets``."""
+    cdef list out = []
+    cdef int64_t s, e, o
+    cdef list ordered = sorted(offsets)
+    if not ordered:
+        return out
+    s = e = ordered[0]
+    for o in ordered:
+        if o <= e:
+            continue
+        if o == e + 1:
+            e = o
+        else:
+            out.append((s, e + 1))
+            s = e = o
+    out.append((s, e + 1))
+    return out
+
+
+def encode_decision(partitions, acks):
+    """The record after the transaction id: ``partitions`` is ``[(topic,
+    partition, [(base offset, count, crc, length, bytes or None)])]``,
+    ``acks`` is ``[(topic, subscription, partition, cumulative or -1,
+    [(start, end)])]``."""
+    cdef list out = [_pack_u32(len(partitions))]
+    for topic, index, batches in partitions:
+        out.append(encode_text(topic) + _pack_u32(index) + _pack_u32(len(batches)))
+        for base, count, crc, length, data in batches:
+            out.append(_pack_i64(base) + _pack_u32(<uint32_t>(<int64_t>count & 0xFFFFFFFF)) + _pack_u32(crc)
+                       + _pack_u32(length) + (b"\0" if data is None else b"\1"))
+            if data is not None:
+                out.append(data)
+    out.append(_pack_u32(len(acks)))
+    for topic, sub, index, cumulative, ranges in acks:
+        out.append(encode_text(topic) + encode_text(sub) + _pack_u32(index) + _pack_i64(cumulative)
+                   + _pack_u32(len(ranges)))
+        for s, e in ranges:
+            out.append(_pack_i64(s) + _pack_i64(e))
+    return b"".join(out)
+
+
+def decode_decision(record, path=None, Py_ssize_t position=0):
+    """``(partitions, acks)`` of a record :func:`encode_decision` made:
+    ``{(topic, partition): [(base, count, crc, length, bytes or None)]}``
+    and the ack tuples. A record that does not parse raises
+    CorruptLogError at its bad byte of ``path`` (ValueError without one)."""
+    cdef Reader r = Reader(path, "decision record")
+    cdef dict partitions = {}
+    cdef list acks = [], batches
+    cdef uint32_t n, k, j, m
+    cdef uint8_t copied
+    r.reset(record, position)
+    n = r.u32()
+    for k in range(n):
+        topic = r.text()
+        index = r.u32()
+        batches = partitions.setdefault((topic, index), [])
+        m = r.u32()
+        for j in range(m):
+            base = r.i64()
+            count = r.i32()
+            crc = r.u32()
+            length = r.u32()
+            copied = r.u8()
+            if copied > 1:
+                r.fail(r.pos - 1, f"copied flag {copied}")
+            batches.append((base, count, crc, length, r.read(length) if copied else None))
+    n = r.u32()
+    for k in range(n):
+        topic = r.text()
+        sub = r.text()
+        index = r.u32()
+        cumulative = r.i64()
+        m = r.u32()
+        acks.append((topic, sub, index, cumulative, [(r.i64(), r.i64()) for j in range(m)]))
+    r.done()
+    return partitions, acks

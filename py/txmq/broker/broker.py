@@ -294,7 +294,7 @@ class Broker:
             tc = self._coordinators[TxnID.from_words(*words).coordinator]
             found = decision.decode(raw, tc.log.path)
             for key, refs in found.partitions.items():
-                batches.setdefault(key, []).extend(refs)
+                batches.setdefault(key, []).extend(tuple(b) for b in refs)
             acks += found.acks
         problems = []
         for (topic, index), refs in batches.items():

@@ -23,11 +23,11 @@ import time
 import numpy as np
 
 from txmq._redolog import RedoLog
-from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
+from txmq._txn import (PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, ranges_of,
+                       replay_pending)
 from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
 from txmq.message import MessageId
 from txmq.storage.cursor import COMPACT_FRAMES
-from txmq.transactions.decision import offset_ranges
 from txmq.transactions.records import TxnID
 
 
@@ -142,14 +142,17 @@ class PendingAcks:
 
     def commit_ranges(self, txn_id) -> list:
         """What committing ``txn_id`` applies here, per partition, for its
-        decision record: ``[(partition, cumulative or -1, [(start, end)])]``."""
-        sub = self.subscription
+        decision record: ``[(partition, cumulative or -1, [(start, end)])]``.
+        Read without the subscription's lock: the transaction has left OPEN
+        and its last ack has finished (the coordinator took this
+        participant's lock after), so nothing changes its entries; a
+        concurrent change to other transactions' entries is one dict
+        operation under the GIL."""
         out = []
-        with sub.cond:
-            for lane in sub.lanes:
-                offsets, cumulative = lane.pending.peek(txn_id)
-                if offsets or cumulative >= 0:
-                    out.append((lane.partition.index, cumulative, offset_ranges(offsets)))
+        for lane in self.subscription.lanes:
+            offsets, cumulative = lane.pending.peek(txn_id)
+            if offsets or cumulative >= 0:
+                out.append((lane.partition.index, cumulative, ranges_of(offsets)))
         return out
 
     def redo_commit(self, partition: int, cumulative: int, ranges: list) -> None:

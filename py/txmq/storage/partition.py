@@ -28,7 +28,7 @@ import os
 import threading
 import time
 
-from txmq._batch import FIELD_OFFSETS, FLAG, BatchSpec
+from txmq._batch import FLAG, BatchSpec
 from txmq._segment import SegmentClosedError
 from txmq._producers import FENCED
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
@@ -49,7 +49,6 @@ TRANSACTIONAL = FLAG["transactional"]
 # transactional control batch of no transaction and no marker kind, one
 # offset per lost offset, never delivered.
 GAP_FLAGS = FLAG["transactional"] | FLAG["control"]
-_CRC_AT = FIELD_OFFSETS["crc"]
 
 
 def now_ms() -> int:
@@ -248,29 +247,22 @@ class Partition(SegmentLog):
         """Commit step 1: every byte appended so far is durable."""
         self.sync_to(self.end_offset)
 
-    def txn_batches(self, txn_id, copy: bool) -> list:
-        """The batches ``txn_id`` appended here, in offset order, as
-        ``(base offset, count, crc, length, bytes or None)`` (a commit's
-        decision record, txmq.transactions.decision; ``copy``: with their
-        bytes). Read without the lock: the transaction has left OPEN, so no
-        batch of it is appended any more."""
-        hi, lo = txn_id.words
+    def txn_batches(self, words: tuple, copy: bool) -> list:
+        """The batches the transaction of ``words`` (hi, lo) appended here,
+        in offset order, as ``(base offset, count, crc, length, bytes or
+        None)`` (a commit's decision record, txmq.transactions.decision;
+        ``copy``: with their bytes). Read without the lock: the transaction
+        has left OPEN, so no batch of it is appended any more. None when the
+        partition is closed (its topic deleted meanwhile)."""
+        hi, lo = words
         first = self.txns.ongoing.first_offset_of(hi, lo)
+        segs = self._segments
+        if first < 0 or not segs:
+            return None if not segs else []
         out = []
-        if first < 0:
-            return out
-        seg, pos = self.segment_for(first)
-        while seg is not None:
-            info = seg.batch_at(pos)
-            if info.txn_lo == lo and info.txn_hi == hi and not info.is_control:
-                view = memoryview(seg.mapping)
-                try:
-                    crc = int.from_bytes(view[pos + _CRC_AT:pos + _CRC_AT + 4], "little")
-                    data = bytes(view[pos:pos + info.length]) if copy else None
-                finally:
-                    view.release()
-                out.append((info.base_offset, info.count, crc, info.length, data))
-            seg, pos = self.next_batch(seg, pos)
+        for seg in segs:                  # (the transaction's data is in the last one or two)
+            if seg.next_offset > first:
+                out += seg.txn_batches(first, hi, lo, copy)
         return out
 
     def repair(self, batches: list) -> list:
@@ -306,11 +298,7 @@ class Partition(SegmentLog):
 
     def _crc_at(self, base: int) -> int:
         seg, pos = self.segment_for(base)
-        view = memoryview(seg.mapping)
-        try:
-            return int.from_bytes(view[pos + _CRC_AT:pos + _CRC_AT + 4], "little")
-        finally:
-            view.release()
+        return seg.crc_at(pos)
 
     def _append_gap(self, n: int) -> None:
         """A gap batch over the next ``n`` offsets (partition lock held)."""

@@ -229,7 +229,8 @@ class TransactionCoordinator:
             self._enqueue(future, meta, participants, mark)
             return
         self.log.sync_to(mark)             # the commit point
-        crashpoints.reached("txn.decided")
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.decided")
         if self._apply(meta.id, True, participants):
             self._finish(meta, True)
 
@@ -239,29 +240,34 @@ class TransactionCoordinator:
         frame. Returns the log mark the commit point must sync to."""
         copy = self.fsync != "never"
         outputs, acks = [], []
+        size = 0
         for x in participants:
-            if not self.broker._participant_exists(x):
-                continue                   # deleted meanwhile: nothing left to keep
             if isinstance(x.topic, str):
-                batches = [decision.BatchRef(*b) for b in x.txn_batches(meta.id, copy)]
-                if batches:
-                    outputs.append([x.topic, x.index, batches, x])
+                batches = x.txn_batches(meta.words, copy)
+                if batches:                # (None: the partition was deleted meanwhile)
+                    outputs.append((x.topic, x.index, batches))
+                    for b in batches:
+                        size += b[3]
             else:
-                acks.extend(decision.AckRanges(x.topic.name, x.name, p, cum, ranges)
-                            for p, cum, ranges in x.commit_ranges(meta.id))
-        if copy and sum(b.length for o in outputs for b in o[2]) > decision.REDO_COPY_MAX:
+                topic = x.topic.name
+                for p, cum, ranges in x.commit_ranges(meta.id):
+                    acks.append((topic, x.name, p, cum, ranges))
+        if copy and size > decision.REDO_COPY_MAX:
             # Too large to copy: durable in their segments before the decision.
-            for o in outputs:
-                o[3].prepare_txn(meta.id)
-                o[2] = [b._replace(data=None) for b in o[2]]
-        crashpoints.reached("txn.prepared")
-        record = decision.encode([(t, i, b) for t, i, b, _ in outputs], acks)
+            for x in participants:
+                if isinstance(x.topic, str) and self.broker._participant_exists(x):
+                    x.prepare_txn(meta.id)
+            outputs = [(t, i, [b[:4] + (None,) for b in batches]) for t, i, batches in outputs]
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.prepared")
+        record = decision.encode(outputs, acks)
         with self.lock:
             self.log.append(TC_DECIDED, pack_txn(*meta.words) + record)
             meta.decided = True
             meta.record = record
             mark = self.log.written
-        crashpoints.reached("txn.recorded")
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.recorded")
         return mark
 
     def _abort(self, meta: TxnMeta, participants: list) -> None:
@@ -301,7 +307,8 @@ class TransactionCoordinator:
                 for future, *_ in todo:
                     future.set_exception(e)
                 continue
-            crashpoints.reached("txn.decided")
+            if crashpoints.ARMED:
+                crashpoints.reached("txn.decided")
             for future, meta, participants, _ in todo:
                 try:
                     if self._apply(meta.id, True, participants):
@@ -335,9 +342,10 @@ class TransactionCoordinator:
                     log.warning("txmq: %s of %s on %r failed, will retry: %s",
                                 "commit" if commit else "abort", txn_id, x, e)
                     failed.append(x)
-            if i == 0:
+            if i == 0 and crashpoints.ARMED:
                 crashpoints.reached("txn.markers_half")
-        crashpoints.reached("txn.applied")
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.applied")
         if failed:
             with self.lock:
                 self._retry[txn_id] = (commit, failed)

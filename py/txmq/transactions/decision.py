@@ -30,13 +30,11 @@ a torn frame is no decision, and its transaction is aborted.
 
 from __future__ import annotations
 
-import struct
 from typing import NamedTuple
 
-import numpy as np
+from txmq._txn import decode_decision, encode_decision, ranges_of
 
-from txmq._reader import Reader
-from txmq._txn import encode_text
+__all__ = ["REDO_COPY_MAX", "BatchRef", "AckRanges", "Decision", "encode", "decode", "offset_ranges"]
 
 # The transaction's batches are copied into the record when they hold at
 # most this many bytes in all: the copy costs a memcpy and the bytes of
@@ -44,11 +42,6 @@ from txmq._txn import encode_text
 # (docs/GUARANTEES.md). 64 KiB keeps the README's loop (100 x 100 B) and
 # most request-sized outputs to one flush.
 REDO_COPY_MAX = 64 * 1024
-
-_U32 = struct.Struct("<I")
-_BATCH = struct.Struct("<qiIIB")
-_SUB = struct.Struct("<IqI")
-_RANGE = struct.Struct("<qq")
 
 
 class BatchRef(NamedTuple):
@@ -77,57 +70,18 @@ class Decision(NamedTuple):
     acks: list
 
 
-def offset_ranges(offsets) -> list:
-    """Sorted, merged [(start, end)] of the int offsets ``offsets``."""
-    if not len(offsets):
-        return []
-    a = np.unique(np.asarray(offsets, np.int64))
-    cut = np.flatnonzero(np.diff(a) != 1) + 1
-    starts = np.concatenate(([a[0]], a[cut]))
-    ends = np.concatenate((a[cut - 1], [a[-1]])) + 1
-    return list(zip(starts.tolist(), ends.tolist()))
-
-
-def encode(partitions: list, acks: list) -> bytes:
-    """The payload after the transaction id: ``partitions`` is [(topic,
-    partition, [BatchRef])], ``acks`` is [AckRanges]."""
-    out = [_U32.pack(len(partitions))]
-    for topic, index, batches in partitions:
-        out.append(encode_text(topic) + _U32.pack(index) + _U32.pack(len(batches)))
-        for b in batches:
-            out.append(_BATCH.pack(b.base_offset, b.count, b.crc, b.length, b.data is not None))
-            if b.data is not None:
-                out.append(b.data)
-    out.append(_U32.pack(len(acks)))
-    for a in acks:
-        out.append(encode_text(a.topic) + encode_text(a.subscription)
-                   + _SUB.pack(a.partition, a.cumulative, len(a.ranges)))
-        out.extend(_RANGE.pack(s, e) for s, e in a.ranges)
-    return b"".join(out)
+# Encoding runs once per commit, in the compiled core (no Python frame per
+# batch): ``encode(partitions, acks)`` with ``partitions`` as [(topic,
+# partition, [(base, count, crc, length, bytes or None)])] and ``acks`` as
+# [(topic, subscription, partition, cumulative, [(start, end)])].
+encode = encode_decision
+offset_ranges = ranges_of
 
 
 def decode(record: bytes, path=None, position: int = 0) -> Decision:
     """The Decision of a record (the payload after the transaction id). A
     record that does not parse raises CorruptLogError at its bad byte of
     ``path`` (ValueError without one)."""
-    r = Reader(path, "decision record")
-    r.reset(record, position)
-    partitions = {}
-    for _ in range(r.u32()):
-        topic = r.text()
-        index = r.u32()
-        batches = []
-        for _ in range(r.u32()):
-            base, count, crc, length = r.i64(), r.i32(), r.u32(), r.u32()
-            copied = r.u8()
-            if copied > 1:
-                r.fail(r.pos - 1, f"copied flag {copied}")
-            batches.append(BatchRef(base, count, crc, length, r.read(length) if copied else None))
-        partitions.setdefault((topic, index), []).extend(batches)
-    acks = []
-    for _ in range(r.u32()):
-        topic, sub = r.text(), r.text()
-        index, cumulative, n = r.u32(), r.i64(), r.u32()
-        acks.append(AckRanges(topic, sub, index, cumulative, [(r.i64(), r.i64()) for _ in range(n)]))
-    r.done()
-    return Decision(partitions, acks)
+    partitions, acks = decode_decision(record, path, position)
+    return Decision({k: [BatchRef(*b) for b in v] for k, v in partitions.items()},
+                    [AckRanges(*a) for a in acks])
