@@ -247,22 +247,34 @@ class Partition(SegmentLog):
         """Commit step 1: every byte appended so far is durable."""
         self.sync_to(self.end_offset)
 
-    def txn_batches(self, words: tuple, copy: bool) -> list:
+    def txn_batches(self, words: tuple, copy_max: int) -> list:
         """The batches the transaction of ``words`` (hi, lo) appended here,
         in offset order, as ``(base offset, count, crc, length, bytes or
-        None)`` (a commit's decision record, txmq.transactions.decision;
-        ``copy``: with their bytes). Read without the lock: the transaction
-        has left OPEN, so no batch of it is appended any more. None when the
-        partition is closed (its topic deleted meanwhile)."""
+        None)`` (a commit's decision record, txmq.transactions.decision),
+        with their bytes when they hold at most ``copy_max`` bytes in all
+        (-1: never). Read without the lock: the transaction has left OPEN,
+        so no batch of it is appended any more. None when the partition is
+        closed (its topic deleted meanwhile)."""
         hi, lo = words
         first = self.txns.ongoing.first_offset_of(hi, lo)
         segs = self._segments
         if first < 0 or not segs:
             return None if not segs else []
+        i = len(segs) - 1
+        while i > 0 and segs[i - 1].next_offset > first:
+            i -= 1
+        segs = segs[i:]                   # those holding the transaction's data: the last one or two
         out = []
-        for seg in segs:                  # (the transaction's data is in the last one or two)
-            if seg.next_offset > first:
-                out += seg.txn_batches(first, hi, lo, copy)
+        for seg in segs:
+            out += seg.txn_batches(first, hi, lo, False)
+        if copy_max >= 0 and out:
+            size = 0
+            for b in out:
+                size += b[3]
+            if size <= copy_max:       # small: read again, with the bytes (a scan in C)
+                out = []
+                for seg in segs:
+                    out += seg.txn_batches(first, hi, lo, True)
         return out
 
     def repair(self, batches: list) -> list:

@@ -243,7 +243,8 @@ class TransactionCoordinator:
         size = 0
         for x in participants:
             if isinstance(x.topic, str):
-                batches = x.txn_batches(meta.words, copy)
+                # (copies only while the transaction's batches fit the bound)
+                batches = x.txn_batches(meta.words, decision.REDO_COPY_MAX - size if copy else -1)
                 if batches:                # (None: the partition was deleted meanwhile)
                     outputs.append((x.topic, x.index, batches))
                     for b in batches:
