@@ -249,7 +249,7 @@ class RedoLog:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             buf = FILE_HEADER + frame(SNAPSHOT, snapshot_payload)
-            os.write(fd, buf + bytes(self.preallocate))
+            os.write(fd, buf)
             if self.fsync != "never":
                 os.fdatasync(fd)
         except BaseException:
@@ -262,7 +262,7 @@ class RedoLog:
         os.close(self._fd)
         self._fd = fd
         self.size = len(buf)
-        self.allocated = len(buf) + self.preallocate
+        self.allocated = len(buf)        # (the next append writes the zeros ahead)
         self.frames_since_snapshot = 1
         self.written += len(buf)
         if self.fsync != "never":

@@ -172,3 +172,29 @@ def test_power_loss_during_recovery(tmp_path, monkeypatch):
     for where in again:
         _check(where, "commit", acked_then)
     _check(cut, "commit", acked_then)
+
+
+def test_a_deleted_topic_created_again_gets_no_old_commit_back(tmp_path, monkeypatch):
+    """Decision records name partitions by topic and index: deleting a topic
+    makes the coordinators forget the decisions that name it, so a power
+    loss after the topic is created again does not write the old commits'
+    batches into the new one."""
+    monkeypatch.setattr(coordinator, "PREALLOCATE_BYTES", 16 * 1024)
+    path = tmp_path / "d"
+    txmq.Broker(path, fsync="commit", num_coordinators=1, control_socket=False).close()
+    with PowerLoss(path) as sim:
+        b = txmq.Broker(path, fsync="commit", num_coordinators=1, control_socket=False)
+        b.create_topic("t", 1)
+        p = b.producer("t")
+        for i in range(3):
+            with b.transaction() as txn:
+                p.send(b"old-%d" % i, txn=txn)
+        b.delete_topic("t")
+        b.create_topic("t", 1)
+        with b.transaction() as txn:
+            b.producer("t").send(b"new", txn=txn)
+        cut = sim.materialise(tmp_path / "cut")
+        b.close()
+    with txmq.Broker(cut, fsync="commit", num_coordinators=1, control_socket=False) as b:
+        c = b.subscribe("t", "s", initial_position="earliest")
+        assert [m.value for m in c.receive_many(100, timeout=0.2)] == [b"new"]

@@ -390,6 +390,11 @@ class Broker:
                 gone.append(datadir.rename_deleted(sdir, sync))
             for folder in reversed(gone):
                 shutil.rmtree(folder, ignore_errors=True)
+            # The coordinators' decision records name partitions by topic:
+            # forgotten now, or recovery would put a deleted topic's commits
+            # into a new topic of the same name.
+            for tc in self._coordinators:
+                tc.compact()
 
     # -- producers and consumers --------------------------------------------------
 
