@@ -147,6 +147,17 @@ COMPARISONS.append(Comparison(
     "sqlite", 2, ">=", note="goal >= 2x SQLite WAL synchronous=OFF: send(txn=) and ack(m, txn=) per message"))
 GROUPS["ctp_never"].append(COMPARISONS[-1])
 
+# Commits that share one flush of the coordinator log: pipelined by one
+# thread with commit_async, or made by four threads at once.
+COMPARISONS.append(Comparison(
+    "consume-transform-produce 100/txn, commit_async pipelined, commit vs SQLite FULL", "txmq pipelined",
+    "sqlite", 4, ">=", note="goal >= 4x SQLite WAL synchronous=FULL: commit_async, futures awaited per round"))
+GROUPS["ctp_commit"].append(COMPARISONS[-1])
+COMPARISONS.append(Comparison(
+    "consume-transform-produce 100/txn, 4 threads, commit vs SQLite FULL", "txmq 4 threads",
+    "sqlite", 4, ">=", note="goal >= 4x SQLite WAL synchronous=FULL: four threads, one shared subscription"))
+GROUPS["ctp_commit"].append(COMPARISONS[-1])
+
 
 def add_comparison(group: str, *comparisons: Comparison) -> None:
     """Register the comparisons a benchmark module's group feeds (called

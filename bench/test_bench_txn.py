@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pyarrow as pa
@@ -124,7 +125,8 @@ SQLITE_SYNC = {"never": "OFF", "commit": "FULL"}
 
 
 @pytest.mark.parametrize("fsync,side", [("never", "txmq"), ("never", "txmq per-message"), ("never", "txmq arrow"),
-                                        ("never", "sqlite"), ("commit", "txmq"), ("commit", "sqlite")])
+                                        ("never", "sqlite"), ("commit", "txmq"), ("commit", "sqlite"),
+                                        ("commit", "txmq pipelined"), ("commit", "txmq 4 threads")])
 def test_consume_transform_produce(fsync, side, measure, tmp_path, request):
     """Per transaction: 100 messages of 100 B in, ``transform`` of each out,
     the inputs acknowledged, all or nothing. ``txmq`` is the per-message
@@ -132,8 +134,13 @@ def test_consume_transform_produce(fsync, side, measure, tmp_path, request):
     ``txmq per-message`` the README's loop, ``send(txn=)`` and ``ack(m,
     txn=)`` for each message; ``txmq arrow`` (information only) is receive_batch, a pyarrow
     compute transform, send_batch of the array and ack of the RecordBatch,
-    all in the transaction. SQLite is WAL with synchronous OFF / FULL."""
+    all in the transaction. SQLite is WAL with synchronous OFF / FULL.
+    ``txmq pipelined`` is the batch loop with ``commit_async``, the round's
+    futures awaited at its end; ``txmq 4 threads`` runs the batch loop in
+    four threads on one shared subscription (each thread's commits in the
+    round: the same number of transactions per round)."""
     values = payloads(1000, 100)
+    threads = 4 if side == "txmq 4 threads" else 1
     if side.startswith("txmq"):
         broker = txmq.Broker(tmp_path / "data", fsync=fsync)
         request.addfinalizer(broker.close)
@@ -143,9 +150,25 @@ def test_consume_transform_produce(fsync, side, measure, tmp_path, request):
         arr = pa.array(values, pa.binary())
         for _ in range(CTP_FILL // len(values)):
             feed.send_batch(arr)
-        consumer = broker.subscribe("in", "s", isolation="read_committed", initial_position="earliest")
+        consumers = [broker.subscribe("in", "s", type="shared" if threads > 1 else "exclusive",
+                                      isolation="read_committed", initial_position="earliest")
+                     for _ in range(threads)]
+        consumer = consumers[0]
         producer = broker.producer("out")
         new_txn = broker.new_transaction
+        futures = []
+        if side in ("txmq pipelined", "txmq 4 threads"):
+            def loop(consumer, n):
+                for _ in range(n):
+                    msgs = consumer.receive_many(CTP_TXN, 1.0)
+                    txn = new_txn(TXN_TIMEOUT)
+                    producer.send_batch([transform(m.value) for m in msgs], partition=0, txn=txn)
+                    consumer.ack(msgs, txn=txn)
+                    if threads == 1:
+                        futures.append(txn.commit_async())
+                    else:
+                        txn.commit()
+                    got.append(len(msgs))
         if side == "txmq":
             def one():
                 msgs = consumer.receive_many(CTP_TXN, 1.0)
@@ -185,14 +208,28 @@ def test_consume_transform_produce(fsync, side, measure, tmp_path, request):
     got = []
 
     def run():
-        for _ in range(CTP_TXNS_PER_ROUND):
-            got.append(one())
+        if side == "txmq pipelined":
+            loop(consumer, CTP_TXNS_PER_ROUND)
+            for f in futures:
+                f.result()
+            futures.clear()
+        elif side == "txmq 4 threads":
+            workers = [threading.Thread(target=loop, args=(c, CTP_TXNS_PER_ROUND // threads
+                                                            + (i < CTP_TXNS_PER_ROUND % threads)))
+                       for i, c in enumerate(consumers)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+        else:
+            for _ in range(CTP_TXNS_PER_ROUND):
+                got.append(one())
 
     measure(f"ctp_{fsync}", side, run, ops_per_round=CTP_TXNS_PER_ROUND * CTP_TXN, unit="msg",
             rounds=CTP_ROUNDS, warmup=CTP_WARMUP)
     # The rate assumes full transactions: every one moved 100 messages.
     assert got and all(n == CTP_TXN for n in got), sorted(set(got))
-    if side in ("txmq", "txmq per-message"):
+    if side.startswith("txmq") and side != "txmq arrow":
         out = broker.stats()["topics"]["out"]["partitions"][0]
         # every transaction wrote its 100 messages and one COMMIT marker
         assert out["end_offset"] == len(got) * (CTP_TXN + 1) and out["open_transactions"] == 0

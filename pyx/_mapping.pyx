@@ -45,6 +45,20 @@ cdef extern from "sigbus.h":
     void txmq_sigbus_unregister(int slot)
 
 
+# A test-only observer of every msync (txmq.testing.power_loss): called with
+# (fd, start, end) after the range is synced. None in production, so the
+# cost is one pointer test per msync.
+cdef object sync_hook = None
+
+
+def set_sync_hook(hook):
+    """Install ``hook(fd, start, end)``, called after each msync of a
+    mapping (its file descriptor and the synced byte range); None removes
+    it. For the power-loss simulation of the tests only."""
+    global sync_hook
+    sync_hook = hook
+
+
 cdef class Mapping:
     """A shared memory mapping of a file, exporting the buffer protocol.
 
@@ -61,6 +75,7 @@ cdef class Mapping:
         if p == MAP_FAILED:
             raise OSError(errno, os.strerror(errno))
         self.base = <char *>p
+        self.fd = fd
         self.size = size
         self.writable = writable
         # Again at every mapping: a handler installed since (faulthandler)
@@ -131,6 +146,8 @@ cdef class Mapping:
         msync_calls += 1
         if rc != 0:
             raise OSError(errno, os.strerror(errno))
+        if sync_hook is not None:
+            sync_hook(self.fd, s, end)
 
     def __dealloc__(self):
         self._unmap()

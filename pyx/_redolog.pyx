@@ -18,6 +18,13 @@ Replay returns the frames from the last SNAPSHOT frame on, and cuts the
 file at the first frame that is torn or fails its CRC. Compaction writes a
 new file holding one SNAPSHOT frame and renames it over the old one.
 
+A log opened with ``preallocate`` (the coordinator log) keeps zeros
+written ahead of its end, in chunks of that many bytes, so that the sync
+of a frame rewrites blocks the file already has and no inode (its size,
+its extents) must go to the journal with it: one flush instead of data +
+journal. There a frame length of zero followed by zeros to the end of the
+file is the clean end of the log, not a torn frame.
+
 What a payload holds is its log's business: each log's replay function
 decodes the payloads through ``_reader.Reader``, given each frame's
 position (``replay(positions=True)``, :func:`parse`), so a payload that does
@@ -71,12 +78,13 @@ cpdef bytes frame(int frame_type, payload):
     return out
 
 
-def parse(data, Py_ssize_t start=FILE_HEADER_SIZE):
+def parse(data, Py_ssize_t start=FILE_HEADER_SIZE, bint zero_end=False):
     """Frames of ``data`` from ``start``: ``(frames, end, reason)``.
 
     ``frames`` lists ``(type, payload, position)``; ``end`` is where the
     valid prefix stops; ``reason`` is None at a clean end, else why the frame
-    at ``end`` was rejected.
+    at ``end`` was rejected. With ``zero_end`` (a preallocated log) zeros
+    from a frame's first byte to the end of ``data`` are a clean end.
     """
     cdef const uint8_t[::1] view = data if len(data) else b"\0"
     cdef Py_ssize_t n = len(data), pos = start
@@ -89,6 +97,8 @@ def parse(data, Py_ssize_t start=FILE_HEADER_SIZE):
             reason = "torn frame header"
             break
         length = load_u32(p + pos + FRAME_LENGTH_OFFSET)
+        if length == 0 and zero_end and _zeros(p + pos, n - pos):
+            break
         if length < 1 or length > MAX_FRAME_BYTES:
             reason = f"bad frame length {length}"
             break
@@ -107,20 +117,32 @@ def parse(data, Py_ssize_t start=FILE_HEADER_SIZE):
     return frames, pos, reason
 
 
+cdef bint _zeros(const char *p, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if p[i]:
+            return False
+    return True
+
+
 class RedoLog:
     """An append-only framed log file.
 
     ``fsync`` is the broker's mode: with ``"never"`` :meth:`sync` does
     nothing (writes still reach the page cache, so ``kill -9`` loses
-    nothing that ``append`` returned).
+    nothing that ``append`` returned). ``preallocate`` > 0 keeps that many
+    bytes of zeros written ahead of the end (module docstring; not under
+    ``"never"``, which never syncs).
     """
 
-    def __init__(self, path, fsync="commit"):
+    def __init__(self, path, fsync="commit", preallocate=0):
         self.path = os.fspath(path)
         self.fsync = fsync
+        self.preallocate = preallocate if fsync != "never" else 0
         self.dropped = None
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.size = os.fstat(self._fd).st_size
+        self.allocated = self.size       # the file's length: zeros from size to here
         self.frames_since_snapshot = 0
         self.written = 0               # bytes appended by this object, ever
         self.synced_written = 0        # ... of which durable
@@ -131,7 +153,7 @@ class RedoLog:
     def _write_header(self):
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, FILE_HEADER, 0)
-        self.size = FILE_HEADER_SIZE
+        self.size = self.allocated = FILE_HEADER_SIZE
 
     def replay(self, bint positions=False):
         """Frames from the last SNAPSHOT on, as ``[(type, payload)]``, or
@@ -153,11 +175,12 @@ class RedoLog:
             raise CorruptLogError(self.path, 0, f"bad redo-log magic {data[:4].hex()}")
         if data[4] != REDO_VERSION:
             raise CorruptLogError(self.path, 4, f"unknown redo-log version {data[4]}")
-        frames, end, reason = parse(data)
+        frames, end, reason = parse(data, FILE_HEADER_SIZE, self.preallocate > 0)
         if reason is not None:
             self.dropped = (end, reason, len(data) - end)
             os.ftruncate(self._fd, end)
-            self.size = end
+            self.allocated = end
+        self.size = end
         last = 0
         for i, f in enumerate(frames):
             if f[0] == SNAPSHOT:
@@ -181,23 +204,44 @@ class RedoLog:
             self.frames_since_snapshot += len(frames)
 
     def _write(self, buf):
+        end = self.size + len(buf)
         try:
+            if self.preallocate and end > self.allocated:
+                self._extend(end)
             n = os.pwrite(self._fd, buf, self.size)
             if n != len(buf):  # a short write leaves a torn frame; rewrite the rest
                 view = memoryview(buf)
                 while n < len(buf):
                     n += os.pwrite(self._fd, view[n:], self.size + n)
         except OSError as e:
-            # Nothing of a failed append stays: the next one starts where it did.
+            # Nothing of a failed append stays: the next one starts where it
+            # did (and writes its zeros ahead again).
             try:
                 os.ftruncate(self._fd, self.size)
+                self.allocated = self.size
             except OSError:
                 pass
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StorageFullError(self.path, len(buf), e.errno) from None
             raise
+        if end > self.allocated:         # written past the zeros ahead (a full disk took them)
+            self.allocated = end
         self.size += len(buf)
         self.written += len(buf)
+
+    def _extend(self, end):
+        """Write zeros from the file's end past ``end``, a whole chunk
+        ahead: the next sync makes them (and the new size) durable once,
+        and the syncs after it rewrite blocks the file has."""
+        want = end + self.preallocate
+        try:
+            self.allocated += os.pwrite(self._fd, bytes(want - self.allocated), self.allocated)
+        except OSError as e:
+            # A full disk: no zeros ahead this time (what a short write
+            # left is counted above); the frame alone extends the file, and
+            # the append fails only if that does not fit either.
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
 
     def sync_to(self, mark):
         """Make every byte appended up to ``mark`` (a value of ``written``)
@@ -240,6 +284,7 @@ class RedoLog:
         os.close(self._fd)
         self._fd = fd
         self.size = len(buf)
+        self.allocated = len(buf)        # (the next append writes the zeros ahead)
         self.frames_since_snapshot = 1
         self.written += len(buf)
         if self.fsync != "never":

@@ -51,7 +51,8 @@ it is dereferenced, so this module turns off Cython's own checks.
 """
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.errno cimport errno, EINTR, ENOSPC, EDQUOT
-from libc.stdint cimport uint16_t, int16_t, int32_t, int64_t, uint64_t
+from libc.stdint cimport uint16_t, uint32_t, int16_t, int32_t, int64_t, uint64_t
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memcpy
 from posix.uio cimport iovec, pwritev
 from posix.unistd cimport close as c_close
@@ -62,7 +63,7 @@ import numpy as np
 
 from txmq.errors import CorruptLogError, StorageFullError
 
-from _bytes cimport load_u32, load_i32, load_i64, load_u64
+from _bytes cimport load_u16, load_u32, load_i32, load_i64, load_u64
 from _batch_layout cimport *
 from txmq._mapping cimport Mapping
 from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, batch_info,
@@ -214,6 +215,39 @@ cdef class Segment:
             self.verified_from = start
         self.size = start + need
         self.next_offset = base + spec.count
+        self.last_publish_time = publish_time
+        return base
+
+    def append_encoded(self, data):
+        """Write one already-encoded batch ``data`` at the end; return its
+        base offset, or -1 if full. Its header must name ``next_offset``
+        and pass every check (CRC included), else ValueError. Recovery uses
+        it to put back a transaction's batch from the copy in a
+        coordinator's decision record (docs/FORMAT.md)."""
+        cdef const unsigned char[::1] view = data
+        cdef Py_ssize_t need = len(data)
+        cdef Py_ssize_t start = self.size
+        cdef int64_t base = self.next_offset
+        cdef str reason
+        if not self.writable:
+            raise PermissionError(f"{self.path} is open read-only")
+        if need == 0:
+            raise ValueError("an empty batch")
+        reason = check_batch(<const char *>&view[0], need, base, True, NULL)
+        if reason is not None or load_u32(<const char *>&view[0] + LENGTH_OFFSET) != need:
+            raise ValueError(f"not a batch at offset {base}: {reason or 'length mismatch'}")
+        if start + need > self.capacity:
+            return -1
+        self._reserve(start + need)
+        n = os.pwrite(self.fd, data, start)
+        while n < need:
+            n += os.pwrite(self.fd, memoryview(data)[n:], start + n)
+        publish_time = load_i64(<const char *>&view[0] + PUBLISH_TIME_OFFSET)
+        self._indexed(start, base, publish_time)
+        if self.verified_from > start:
+            self.verified_from = start
+        self.size = start + need
+        self.next_offset = base + load_i32(<const char *>&view[0] + COUNT_OFFSET)
         self.last_publish_time = publish_time
         return base
 
@@ -651,14 +685,25 @@ cdef class Segment:
     cdef Py_ssize_t _locate(self, int64_t offset) except -2:
         """Position of the batch holding ``offset`` (or the first batch after
         it); -1 when ``offset`` is at or past this segment's end."""
-        cdef Py_ssize_t pos = 0, i
+        cdef Py_ssize_t pos = 0, i, lo, hi, mid
         cdef const char *p
         cdef int64_t base, expected = self.base_offset
+        cdef const int64_t[::1] offs
         if offset >= self.next_offset or self.size == 0:
             return -1
         p = self.mapping.base
         if self.idx_n:
-            i = np.searchsorted(self.idx_off[:self.idx_n], offset, side="right") - 1
+            # The last entry at or below ``offset`` (a binary search in C:
+            # numpy's searchsorted costs Python frames on every lookup).
+            offs = self.idx_off
+            lo, hi = 0, self.idx_n
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if offs[mid] <= offset:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            i = lo - 1
             if i >= 0:
                 pos = self.idx_pos[i]
                 expected = self.idx_off[i]
@@ -774,6 +819,43 @@ cdef class Segment:
         """The checked header of the batch at ``pos``."""
         self._checked(pos)
         return batch_info(self.mapping.base + pos, pos)
+
+    def txn_batches(self, int64_t offset, uint64_t txn_hi, uint64_t txn_lo, bint copy):
+        """The data batches of transaction ``(txn_hi, txn_lo)`` from the
+        batch holding ``offset`` to the end, as ``(base offset, count, crc,
+        length, bytes or None)`` (``copy``: with their bytes): what a
+        commit's decision record names (txmq.transactions.decision)."""
+        cdef Py_ssize_t end = self.size, pos
+        cdef const char *p
+        cdef uint32_t length
+        out = []
+        self._pin()
+        try:
+            pos = self._locate(max(offset, self.base_offset))
+            if pos < 0:
+                return out
+            while pos < end:
+                self._checked(pos)
+                p = self.mapping.base + pos
+                length = load_u32(p + LENGTH_OFFSET)
+                if (load_u64(p + TXN_ID_OFFSET + 8) == txn_lo and load_u64(p + TXN_ID_OFFSET) == txn_hi
+                        and not load_u16(p + FLAGS_OFFSET) & FLAG_CONTROL):
+                    out.append((load_i64(p + BASE_OFFSET_OFFSET), load_i32(p + COUNT_OFFSET),
+                                load_u32(p + CRC_OFFSET), length,
+                                PyBytes_FromStringAndSize(p, length) if copy else None))
+                pos += length
+        finally:
+            self.mapping.unpin()
+        return out
+
+    def crc_at(self, Py_ssize_t pos):
+        """The CRC field of the checked batch at ``pos``."""
+        self._pin()
+        try:
+            self._checked(pos)
+            return load_u32(self.mapping.base + pos + CRC_OFFSET)
+        finally:
+            self.mapping.unpin()
 
     def messages(self, Py_ssize_t pos, int64_t from_offset=0, Py_ssize_t limit=0x7FFFFFFF):
         """Decode the batch at ``pos`` into ``(offset, key, value, headers,

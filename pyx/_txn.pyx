@@ -40,6 +40,7 @@ from txmq._reader cimport Reader
 TC_BEGIN, TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION = 2, 3, 4
 TC_COMMITTING, TC_ABORTING, TC_COMMITTED, TC_ABORTED = 5, 6, 7, 8
 TC_PRODUCER = 9          # a transactional id's (producer id, epoch)
+TC_DECIDED = 10          # COMMITTING with what the commit covers (txmq.transactions.decision)
 # Frame types of the producer registry (producers.log).
 PR_BLOCK, PR_NAME = 2, 3
 # Frame types of a pending-ack log.
@@ -738,7 +739,7 @@ cdef tuple _read_txn(Reader r):
     return (hi, r.u64())
 
 
-def replay_coordinator(frames, path=None):
+def replay_coordinator(frames, path=None, records=None):
     """State of a coordinator log from its frames (the last SNAPSHOT on).
 
     Returns ``(next_lo, txns, tids)``: the lowest sequence word never used,
@@ -754,6 +755,12 @@ def replay_coordinator(frames, path=None):
     pairs, whose bytes then count from each payload's first). A frame that
     passed its CRC but does not parse raises CorruptLogError at its first
     bad byte of file ``path`` (ValueError without a path).
+
+    A DECIDED frame is a COMMITTING one that also names what the commit
+    covers; with ``records`` (a dict) its bytes after the transaction id
+    are stored there under the transaction's words, also once the
+    transaction is COMMITTED (recovery checks every decision the log still
+    holds), and a SNAPSHOT's records of decided transactions likewise.
     """
     cdef dict txns = {}, tids = {}
     cdef uint64_t next_lo = 0, lo
@@ -785,11 +792,19 @@ def replay_coordinator(frames, path=None):
                     subs.add((topic, r.text()))
                 txns[key] = [state, timeout, start, parts, subs]
             tids.clear()
+            if records is not None:
+                records.clear()
             if r.pos < r.end:        # snapshots before transactional ids end here
                 for k in range(r.u32()):
                     tid = r.text()
                     pid = r.i64()
                     tids[tid] = (pid, <int>r.i16())
+            if r.pos < r.end:        # ... and before decision records here
+                for k in range(r.u32()):
+                    key = _read_txn(r)
+                    record = r.read(r.u32())
+                    if records is not None:
+                        records[key] = record
         elif kind == TC_PRODUCER:
             tid = r.text()
             pid = r.i64()
@@ -815,6 +830,15 @@ def replay_coordinator(frames, path=None):
             entry[4].add((topic, r.text()))
         elif kind == TC_COMMITTING:
             _txn_entry(txns, r)[0] = COMMITTING
+        elif kind == TC_DECIDED:
+            key = _read_txn(r)
+            entry = txns.get(key)
+            if entry is None:
+                r.fail(0, f"frame for transaction {key} before its BEGIN")
+            entry[0] = COMMITTING
+            record = r.read(r.end - r.pos)
+            if records is not None:
+                records[key] = record
         elif kind == TC_ABORTING:
             _txn_entry(txns, r)[0] = ABORTING
         elif kind == TC_COMMITTED:
@@ -841,9 +865,10 @@ cdef list _txn_entry(dict txns, Reader r):
     return entry
 
 
-def encode_coordinator_snapshot(uint64_t next_lo, txns, tids=None):
+def encode_coordinator_snapshot(uint64_t next_lo, txns, tids=None, records=None):
     """SNAPSHOT payload: ``txns`` and ``tids`` as :func:`replay_coordinator`
-    returns them."""
+    returns them, and the decision ``records`` of decided transactions
+    ({words: bytes}; a snapshot keeps what their commits cover)."""
     out = [_pack_i64(<int64_t>next_lo), _pack_u32(len(txns))]
     for (hi, lo), (state, timeout, start, parts, subs) in txns.items():
         out.append(_pack_txn(hi, lo) + bytes([state]) + _pack_i64(timeout) + _pack_i64(start))
@@ -859,6 +884,10 @@ def encode_coordinator_snapshot(uint64_t next_lo, txns, tids=None):
     out.append(_pack_u32(len(tids)))
     for tid, (pid, epoch) in tids.items():
         out.append(encode_text(tid) + _pack_i64(pid) + pack_i16(epoch))
+    if records:
+        out.append(_pack_u32(len(records)))
+        for (hi, lo), record in records.items():
+            out.append(_pack_txn(hi, lo) + _pack_u32(len(record)) + record)
     return b"".join(out)
 
 
@@ -964,3 +993,85 @@ def replay_pending(frames, path=None):
             r.fail(-1, "unknown frame type")
         r.done()
     return txns
+
+
+# -- the decision record of a commit (txmq.transactions.decision has its layout) --
+
+def ranges_of(offsets):
+    """Sorted, merged ``[(start, end)]`` (end exclusive) of int ``offsets``."""
+    cdef list out = []
+    cdef int64_t s, e, o
+    cdef list ordered = sorted(offsets)
+    if not ordered:
+        return out
+    s = e = ordered[0]
+    for o in ordered:
+        if o <= e:
+            continue
+        if o == e + 1:
+            e = o
+        else:
+            out.append((s, e + 1))
+            s = e = o
+    out.append((s, e + 1))
+    return out
+
+
+def encode_decision(partitions, acks):
+    """The record after the transaction id: ``partitions`` is ``[(topic,
+    partition, [(base offset, count, crc, length, bytes or None)])]``,
+    ``acks`` is ``[(topic, subscription, partition, cumulative or -1,
+    [(start, end)])]``."""
+    cdef list out = [_pack_u32(len(partitions))]
+    for topic, index, batches in partitions:
+        out.append(encode_text(topic) + _pack_u32(index) + _pack_u32(len(batches)))
+        for base, count, crc, length, data in batches:
+            out.append(_pack_i64(base) + _pack_u32(<uint32_t>(<int64_t>count & 0xFFFFFFFF)) + _pack_u32(crc)
+                       + _pack_u32(length) + (b"\0" if data is None else b"\1"))
+            if data is not None:
+                out.append(data)
+    out.append(_pack_u32(len(acks)))
+    for topic, sub, index, cumulative, ranges in acks:
+        out.append(encode_text(topic) + encode_text(sub) + _pack_u32(index) + _pack_i64(cumulative)
+                   + _pack_u32(len(ranges)))
+        for s, e in ranges:
+            out.append(_pack_i64(s) + _pack_i64(e))
+    return b"".join(out)
+
+
+def decode_decision(record, path=None, Py_ssize_t position=0):
+    """``(partitions, acks)`` of a record :func:`encode_decision` made:
+    ``{(topic, partition): [(base, count, crc, length, bytes or None)]}``
+    and the ack tuples. A record that does not parse raises
+    CorruptLogError at its bad byte of ``path`` (ValueError without one)."""
+    cdef Reader r = Reader(path, "decision record")
+    cdef dict partitions = {}
+    cdef list acks = [], batches
+    cdef uint32_t n, k, j, m
+    cdef uint8_t copied
+    r.reset(record, position)
+    n = r.u32()
+    for k in range(n):
+        topic = r.text()
+        index = r.u32()
+        batches = partitions.setdefault((topic, index), [])
+        m = r.u32()
+        for j in range(m):
+            base = r.i64()
+            count = r.i32()
+            crc = r.u32()
+            length = r.u32()
+            copied = r.u8()
+            if copied > 1:
+                r.fail(r.pos - 1, f"copied flag {copied}")
+            batches.append((base, count, crc, length, r.read(length) if copied else None))
+    n = r.u32()
+    for k in range(n):
+        topic = r.text()
+        sub = r.text()
+        index = r.u32()
+        cumulative = r.i64()
+        m = r.u32()
+        acks.append((topic, sub, index, cumulative, [(r.i64(), r.i64()) for j in range(m)]))
+    r.done()
+    return partitions, acks

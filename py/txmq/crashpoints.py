@@ -4,8 +4,10 @@
 itself with SIGKILL when it reaches one of those points (``name@n``: at the
 n-th time it gets there). Unset, :func:`reached` is one set lookup.
 
-Points: ``txn.prepared`` (participants durable, no decision yet),
-``txn.decided`` (decision durable, no marker written), ``txn.markers_half``
+Points: ``txn.prepared`` (what the commit covers is read, outputs too
+large for a copy synced, no decision yet), ``txn.recorded`` (the decision
+record written, not synced), ``txn.decided`` (decision durable, no marker
+written; for ``commit_async``, in the coordinator's flusher thread), ``txn.markers_half``
 (after the first participant applied the outcome), ``txn.applied`` (every
 participant applied, final record not written); half messages:
 ``half.stored`` (half message stored, local transaction not run),

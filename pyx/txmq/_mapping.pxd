@@ -9,6 +9,7 @@ cdef extern from "sigbus.h":
 
 cdef class Mapping:
     cdef char *base
+    cdef int fd                       # the mapped file's descriptor (owned by the caller)
     cdef readonly Py_ssize_t size
     cdef readonly bint writable
     cdef readonly Py_ssize_t exports

@@ -317,6 +317,7 @@ def test_reopen_waits_for_a_commit_being_applied(broker, monkeypatch):
         orig(name)
 
     monkeypatch.setattr(coordinator.crashpoints, "reached", reached)
+    monkeypatch.setattr(coordinator.crashpoints, "ARMED", True)   # (the coordinator asks only when armed)
     src = broker.producer("in")
     for i in range(3):
         src.send(b"m%d" % i, partition=0)

@@ -175,8 +175,10 @@ def test_coordinator_log_is_compacted(tmp_path, monkeypatch):
         b.create_topic("t")
         _fill(b, 300)
         open_ids = {t["id"] for t in b.transactions()}
-        size = os.path.getsize(path / "coordinator" / "tc-0.log")
-        assert size < 100 * 60 + 200 * 120      # bounded by live transactions, not 300 txns
+        # (the log's frames: the file also holds zeros written ahead of them;
+        # a decision record of one small batch carries its copy, ~250 bytes)
+        size = b._coordinators[0].log.size
+        assert size < 100 * 250 + 200 * 120      # bounded by live transactions, not 300 txns
     with txmq.Broker(path, num_coordinators=1) as b:
         assert b.stats()["transactions"]["recovered"]["aborted"] == len(open_ids)
         c = b.subscribe("t", "s", initial_position="earliest")

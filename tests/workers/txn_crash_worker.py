@@ -81,7 +81,7 @@ OUT_TOPIC = "B"
 OUT_PARTITIONS = 2
 CPP_SUB = "agg"
 APP_STAGES = ("before_send", "send_ack", "ack_commit")
-CRASH_POINTS = ("txn.prepared", "txn.decided", "txn.markers_half", "txn.applied")
+CRASH_POINTS = ("txn.prepared", "txn.recorded", "txn.decided", "txn.markers_half", "txn.applied")
 
 # -- random matrix ---------------------------------------------------------------
 
@@ -159,7 +159,10 @@ def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) ->
         if stage == "ack_commit" and step == nth:
             die()
         out.line(f"C {step} {txn.id}")
-        txn.commit()
+        if step % 2:
+            txn.commit_async().result()    # the flusher thread's path: sync, fan-out, resolve
+        else:
+            txn.commit()
         out.line(f"K {step} {txn.id}")
 
 

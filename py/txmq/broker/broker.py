@@ -38,6 +38,7 @@ import time
 from txmq.client.consumer import Consumer
 from txmq._crc32c import crc32c_of
 from txmq._txn import COMMITTED, COMMITTING, OPEN
+from txmq.transactions import decision
 from txmq.transactions.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, CorruptLogError, DataDirError, DataDirLockedError, InvalidArgumentError,
                          InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
@@ -244,8 +245,11 @@ class Broker:
         self._coordinators = [TransactionCoordinator(self, i, os.path.join(cdir, f"tc-{i}.log"), self.fsync)
                               for i in range(count)]
         logged = {}                                # (hi, lo) -> entry, every coordinator
+        records = {}                               # (hi, lo) -> decision record
         for tc in self._coordinators:
-            txns = tc.replay()
+            own = {}                               # (a snapshot frame clears what it is given)
+            txns = tc.replay(own)
+            records.update(own)
             for words, entry in txns.items():
                 if entry[0] == OPEN:               # undecided: abort it
                     tc.record_decision(words, False)
@@ -255,6 +259,7 @@ class Broker:
             entry = logged.get(words)              # unknown to its coordinator: abort
             return entry is not None and entry[0] in (COMMITTING, COMMITTED)
 
+        self._repair({w: r for w, r in records.items() if commits(w)})
         partitions = [p for t in self._topics.values() for p in t.partitions]
         subs = [s for t in self._topics.values() for s in t.subscriptions.values()]
         ended = self.recovered_transactions
@@ -277,6 +282,32 @@ class Broker:
             tc.finish_recovery()
         if self.fsync != "never":
             sync_dir(cdir)
+
+    def _repair(self, records: dict) -> None:
+        """Check the partitions and subscriptions against the decision
+        records of committed transactions ({words: record}) and put back
+        what a power loss took from them: batches from their copies, acks
+        from their ranges (txmq.transactions.decision)."""
+        batches, acks = {}, []
+        for words, raw in records.items():
+            tc = self._coordinators[TxnID.from_words(*words).coordinator]
+            found = decision.decode(raw, tc.log.path)
+            for key, refs in found.partitions.items():
+                batches.setdefault(key, []).extend(tuple(b) for b in refs)
+            acks += found.acks
+        problems = []
+        for (topic, index), refs in batches.items():
+            t = self._topics.get(topic)
+            if t is not None and index < len(t.partitions):
+                problems += t.partitions[index].repair(refs)
+        for a in acks:
+            t = self._topics.get(a.topic)
+            sub = None if t is None else t.subscriptions.get(a.subscription)
+            if sub is not None:
+                sub.pending_acks.redo_commit(a.partition, a.cumulative, a.ranges)
+        for problem in problems:
+            log.warning("txmq: %s", problem)
+        self.problems_on_open += problems
 
     def _saw(self, txn_id: TxnID) -> None:
         if txn_id.coordinator < len(self._coordinators):
@@ -358,6 +389,11 @@ class Broker:
                 gone.append(datadir.rename_deleted(sdir, sync))
             for folder in reversed(gone):
                 shutil.rmtree(folder, ignore_errors=True)
+            # The coordinators' decision records name partitions by topic:
+            # forgotten now, or recovery would put a deleted topic's commits
+            # into a new topic of the same name.
+            for tc in self._coordinators:
+                tc.compact()
 
     # -- producers and consumers --------------------------------------------------
 
@@ -793,6 +829,10 @@ class Broker:
     def close(self) -> None:
         """Close every consumer, write indexes and recovery points, release
         the data directory."""
+        if self._closed:
+            return
+        for tc in self._coordinators:
+            tc.drain()                  # commit_async commits decided so far: synced and applied
         with self._lock:
             if self._closed:
                 return

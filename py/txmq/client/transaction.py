@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 
 from txmq.errors import InvalidArgumentError
 from txmq.transactions.records import TxnID, TxnState
@@ -45,7 +46,9 @@ class Transaction:
 
     def commit(self) -> None:
         """Make every message and ack of the transaction take effect. On
-        return they are visible to readers and survive a crash.
+        return they are visible to readers and survive a crash, and, under
+        ``fsync="commit"`` / ``"always"``, a power loss (one flush, shared
+        with concurrent commits: docs/GUARANTEES.md).
 
         Raises :class:`~txmq.errors.TransactionTimeoutError` if the
         transaction timed out, :class:`~txmq.errors.InvalidTxnStateError` if
@@ -54,6 +57,30 @@ class Transaction:
         self._broker._check_open()
         self._meta.check_owner()
         self._coordinator.end(self._meta, True)
+
+    def commit_async(self) -> Future:
+        """Start the commit and return a ``concurrent.futures.Future`` at
+        once, so one thread can pipeline commits (docs/API.md,
+        "Transaction"): the commit's decision is written now, and the
+        coordinator's flusher thread syncs it together with every decision
+        written since, then makes the messages visible and applies the acks,
+        then resolves the future (result None). Its messages and acks take
+        effect only then; after a power loss, a commit whose future was
+        resolved is kept, and one whose future was not may be kept or
+        aborted, whole either way.
+
+        Every error comes through the future (``future.result()`` raises
+        it): those :meth:`commit` raises, and an I/O error of the sync. The
+        future cannot be cancelled."""
+        future = Future()
+        future.set_running_or_notify_cancel()
+        try:
+            self._broker._check_open()
+            self._meta.check_owner()
+            self._coordinator.end(self._meta, True, future=future)
+        except BaseException as e:
+            future.set_exception(e)
+        return future
 
     def abort(self) -> None:
         """Discard the transaction's messages; its acked messages become

@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 from txmq._redolog import RedoLog
-from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
+from txmq._txn import (PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, ranges_of,
+                       replay_pending)
 from txmq.dispatch import lane_invariant
 from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
 from txmq.message import MessageId
@@ -135,14 +136,46 @@ class PendingAcks:
             return set().union(*(lane.pending.txns() for lane in sub.lanes))
 
     def prepare_txn(self, txn_id) -> None:
-        """Make the pending acks of ``txn_id`` durable (commit, step 1);
-        concurrent commits share each log's fdatasync."""
+        """Make the pending acks of ``txn_id`` durable. A commit no longer
+        needs it (its decision record holds the acks as ranges); kept for
+        callers that want the pending-ack log itself durable."""
         sub = self.subscription
         with sub.cond:
             logs = [(lane.pending_log, lane.pending_log.written) for lane in sub.lanes
                     if txn_id in lane.pending.txns()]
         for plog, mark in logs:
             plog.sync_to(mark)
+
+    def commit_ranges(self, txn_id) -> list:
+        """What committing ``txn_id`` applies here, per partition, for its
+        decision record: ``[(partition, cumulative or -1, [(start, end)])]``.
+        Read without the subscription's lock: the transaction has left OPEN
+        and its last ack has finished (the coordinator took this
+        participant's lock after), so nothing changes its entries; a
+        concurrent change to other transactions' entries is one dict
+        operation under the GIL."""
+        out = []
+        for lane in self.subscription.lanes:
+            offsets, cumulative = lane.pending.peek(txn_id)
+            if offsets or cumulative >= 0:
+                out.append((lane.partition.index, cumulative, ranges_of(offsets)))
+        return out
+
+    def redo_commit(self, partition: int, cumulative: int, ranges: list) -> None:
+        """Recovery: apply the acks a logged commit made on ``partition``
+        (its decision record's ranges; those already in the cursor change
+        nothing), below the partition's end, and make the cursor durable:
+        the coordinator log forgets the decision once recovery is done."""
+        sub = self.subscription
+        with sub.cond:
+            for lane in sub.lanes:
+                if lane.partition.index != partition:
+                    continue
+                end = lane.partition.end_offset
+                offsets = [o for s, e in ranges for o in range(s, min(e, end))]
+                sub._apply_acks(lane, offsets, min(cumulative, end - 1), sync=False)
+                if sub.broker.fsync != "never" and not lane.cursor.log.closed:
+                    lane.cursor.log.sync()
 
     def end_txn(self, txn_id, commit: bool) -> None:
         """Apply (commit) or drop (abort) the acks ``txn_id`` holds here. On

@@ -757,7 +757,7 @@ def _read_redo(path: str):
         raise CorruptLogError(path, 0, f"bad redo-log magic {data[:4].hex()}")
     if data[4] != FILE_HEADER[4]:
         raise CorruptLogError(path, 4, f"unknown redo-log version {data[4]}")
-    frames, _, _ = parse_frames(data)
+    frames, _, _ = parse_frames(data, len(FILE_HEADER), True)   # (zeros: a coordinator log's preallocated end)
     last = max((i for i, fr in enumerate(frames) if fr[0] == SNAPSHOT), default=0)
     return frames[last:]
 

@@ -44,6 +44,11 @@ from txmq.storage.producer_state import DEFAULT_PRODUCER_EXPIRATION_MS, Producer
 from txmq.storage.txnbuffer import MARKER_FLAGS, TxnBuffer
 
 TRANSACTIONAL = FLAG["transactional"]
+# Offsets a power loss took from a partition before batches that a
+# commit's decision record puts back (docs/FORMAT.md, "Gap batches"): a
+# transactional control batch of no transaction and no marker kind, one
+# offset per lost offset, never delivered.
+GAP_FLAGS = FLAG["transactional"] | FLAG["control"]
 
 
 def now_ms() -> int:
@@ -241,6 +246,94 @@ class Partition(SegmentLog):
     def prepare_txn(self, txn_id) -> None:
         """Commit step 1: every byte appended so far is durable."""
         self.sync_to(self.end_offset)
+
+    def txn_batches(self, words: tuple, copy_max: int) -> list:
+        """The batches the transaction of ``words`` (hi, lo) appended here,
+        in offset order, as ``(base offset, count, crc, length, bytes or
+        None)`` (a commit's decision record, txmq.transactions.decision),
+        with their bytes when they hold at most ``copy_max`` bytes in all
+        (-1: never). Read without the lock: the transaction has left OPEN,
+        so no batch of it is appended any more. None when the partition is
+        closed (its topic deleted meanwhile)."""
+        hi, lo = words
+        first = self.txns.ongoing.first_offset_of(hi, lo)
+        segs = self._segments
+        if first < 0 or not segs:
+            return None if not segs else []
+        i = len(segs) - 1
+        while i > 0 and segs[i - 1].next_offset > first:
+            i -= 1
+        segs = segs[i:]                   # those holding the transaction's data: the last one or two
+        out = []
+        for seg in segs:
+            out += seg.txn_batches(first, hi, lo, False)
+        if copy_max >= 0 and out:
+            size = 0
+            for b in out:
+                size += b[3]
+            if size <= copy_max:       # small: read again, with the bytes (a scan in C)
+                out = []
+                for seg in segs:
+                    out += seg.txn_batches(first, hi, lo, True)
+        return out
+
+    def repair(self, batches: list) -> list:
+        """Recovery: check the batches that logged commits say this
+        partition holds (``[(base offset, count, crc, length, bytes or
+        None)]``, any order) and put back those a power loss took, at their
+        offsets, from their copies; offsets lost before one of them (other
+        writers' data that was never synced) become a gap batch. Returns
+        what could not be repaired, as sentences (a batch with no copy, or
+        another batch where one is named)."""
+        problems = []
+        with self.lock:
+            for base, count, crc, length, data in sorted(batches):
+                end = self.end_offset
+                if base < self.start_offset:
+                    continue                       # retention deleted it (it was durable)
+                if base < end:
+                    info = self.batch_starting_at(base)
+                    if info is None or info.count != count or info.length != length or \
+                            self._crc_at(base) != crc:
+                        problems.append(f"{self.name}: offset {base} does not hold the batch a decided "
+                                        f"commit names (crc {crc:#010x}); left as it is")
+                    continue
+                if data is None:
+                    problems.append(f"{self.name}: batch at {base} of a decided commit is missing and the "
+                                    f"record holds no copy of it")
+                    continue
+                if base > end:
+                    self._append_gap(base - end)
+                self._append_repaired(data)
+            self._publish(self.end_offset)
+        return problems
+
+    def _crc_at(self, base: int) -> int:
+        seg, pos = self.segment_for(base)
+        return seg.crc_at(pos)
+
+    def _append_gap(self, n: int) -> None:
+        """A gap batch over the next ``n`` offsets (partition lock held)."""
+        self.report(Dropped(self.active.path, self.active.size, f"offsets {self.end_offset}.."
+                            f"{self.end_offset + n - 1} were lost; a gap batch holds their place"))
+        base = self._append_locked(BatchSpec([b""] * n), GAP_FLAGS, 0, 0, -1, 0, -1)
+        self.txns.seen = True
+        assert self.end_offset == base + n
+
+    def _append_repaired(self, data: bytes) -> None:
+        """Put back one batch from a decision record's copy (partition lock
+        held): written at the log end, which is its base offset, and
+        replayed into the transaction buffer and the producer state."""
+        seg = self._segments[-1]
+        base = seg.append_encoded(data)
+        if base < 0:
+            self._roll()
+            seg = self._segments[-1]
+            base = seg.append_encoded(data)
+        info = seg.batch_at(seg.locate(base))
+        self.last_publish_time = max(self.last_publish_time, info.publish_time)
+        self.txns.replay(info, seg.base_offset)
+        self.producer_state.replay(info)
 
     def end_txn(self, txn_id, commit: bool) -> int:
         """Write the COMMIT / ABORT marker of ``txn_id`` and take it out of

@@ -1,26 +1,40 @@
 """Transaction coordinators (docs/API.md, "Transaction").
 
 Each coordinator owns a transaction log ``<data>/coordinator/tc-<id>.log``
-(the shared framed redo log; docs/FORMAT.md has the frames) and a timeout
-tracker. Ending a transaction is two-phase:
+(the shared framed redo log, kept zero-filled ahead of its end; docs/FORMAT.md
+has the frames) and a timeout tracker. Ending a transaction is two-phase:
 
-1. prepare: every participant's data and pending acks are durable;
-2. decide: COMMITTING / ABORTING is appended to the log (and, for a commit,
-   made durable: this is the commit point);
+1. prepare: the coordinator reads what the commit covers from its
+   participants (the transaction's batches in each partition, its acks in
+   each subscription as ranges: txmq.transactions.decision). Nothing is
+   synced here, except the segments of an output too large for the decision
+   record to carry a copy of (more than ``decision.REDO_COPY_MAX`` bytes);
+2. decide: a commit appends one DECIDED frame, which names all of that and
+   carries the copies, and syncs the log: that one flush is the commit
+   point. An abort appends ABORTING and syncs nothing;
 3. fan out: every partition writes its marker, every subscription applies or
-   drops its pending acks; a participant that fails is retried by the
-   broker's scheduler until it succeeds;
+   drops its pending acks, all in the page cache; a participant that fails
+   is retried by the broker's scheduler until it succeeds;
 4. the final COMMITTED / ABORTED record; the transaction is forgotten.
+
+Concurrent commits share the flush of step 2 (whoever syncs covers every
+frame written before); :meth:`TransactionCoordinator.end` with a future
+queues steps 2 (its sync) to 4 for the coordinator's flusher thread, so one
+thread can pipeline commits (``Transaction.commit_async``).
 
 The log also maps the transactional ids homed here to their (producer id,
 epoch) (docs/FORMAT.md, "Idempotent producers"): a PRODUCER frame per opening, kept by compaction.
 
-``commit()`` returns after step 3. Recovery (driven by the broker) redoes
-step 3 for every decided transaction and aborts every other one.
+``commit()`` returns after step 3. Recovery (driven by the broker) checks
+every partition and subscription against the decision records the log
+holds and puts back what a power loss took, redoes step 3 for every decided
+transaction and aborts every other one. Compaction makes the participants
+durable before the log forgets their decisions.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import logging
 import struct
@@ -31,9 +45,10 @@ from txmq import crashpoints
 from txmq._redolog import RedoLog
 from txmq._txn import (ABORTING, COMMITTING, OPEN, TC_ABORTED, TC_ABORTING,
                        TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING,
-                       TC_PRODUCER, encode_coordinator_snapshot, encode_producer, encode_text, pack_txn,
+                       TC_DECIDED, TC_PRODUCER, encode_coordinator_snapshot, encode_producer, encode_text, pack_txn,
                        replay_coordinator)
 from txmq.errors import BrokerClosedError
+from txmq.transactions import decision
 from txmq.transactions.records import TxnID, TxnMeta, TxnState
 
 log = logging.getLogger("txmq.coordinator")
@@ -44,6 +59,13 @@ log = logging.getLogger("txmq.coordinator")
 # to the live transactions) is spread over as many frames.
 COMPACT_FRAMES = 2_048
 LIVE_FRAMES = 16
+# Zeros written ahead of the log's end (txmq._redolog): the sync of a
+# decision then rewrites blocks the file has, with no inode to journal.
+# The zeros cost the same per commit whatever the chunk (as many bytes as
+# the records); a chunk's first sync also journals the new size, once per
+# ~40 commits of the README's loop. 512 KiB, written from the first append
+# after an open or a compaction, keeps an idle coordinator's log small.
+PREALLOCATE_BYTES = 512 * 1024
 _TIMES = struct.Struct("<qq")
 
 
@@ -58,7 +80,7 @@ class TransactionCoordinator:
         self.broker = broker
         self.id = coordinator_id
         self.fsync = fsync
-        self.log = RedoLog(path, fsync)
+        self.log = RedoLog(path, fsync, PREALLOCATE_BYTES)
         self.lock = threading.Lock()
         self.txns: dict[TxnID, TxnMeta] = {}
         self.tids: dict[str, tuple] = {}   # transactional id -> (producer id, epoch)
@@ -68,19 +90,24 @@ class TransactionCoordinator:
         self._retry: dict[TxnID, tuple] = {}  # transactions whose fan-out must be retried
         self.problems: list[str] = []
         self.stats = {"begun": 0, "committed": 0, "aborted": 0, "timed_out": 0}
+        self._flusher = None               # the thread that finishes commit_async commits
+        self._queued = collections.deque()  # (future, meta, participants, mark) for it
+        self._queue_cond = threading.Condition(threading.Lock())
+        self._closing = False
 
     # -- recovery --------------------------------------------------------------
 
-    def replay(self) -> dict:
+    def replay(self, records: dict | None = None) -> dict:
         """The log's transactions as ``{(hi, lo): [state, timeout_ms,
-        start_ms, partitions, subscriptions]}`` (see :func:`replay_coordinator`)."""
+        start_ms, partitions, subscriptions]}`` (see :func:`replay_coordinator`);
+        ``records`` receives the decision records the log holds."""
         frames = self.log.replay(positions=True)
         if self.log.dropped is not None:
             pos, reason, n = self.log.dropped
             self.problems.append(f"{self.log.path} at byte {pos}: {reason}; {n} bytes cut")
             log.warning("txmq: coordinator log %s", self.problems[-1])
         # A frame that does not parse: CorruptLogError at its bad byte.
-        next_lo, txns, self.tids = replay_coordinator(frames, self.log.path)
+        next_lo, txns, self.tids = replay_coordinator(frames, self.log.path, records)
         self.next_seq = max(self.next_seq, next_lo, 1)
         return txns
 
@@ -92,6 +119,12 @@ class TransactionCoordinator:
     def record_decision(self, words: tuple, commit: bool) -> None:
         with self.lock:
             self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*words))
+
+    def compact(self) -> None:
+        """Rewrite the log as a snapshot now (participants made durable
+        first): the decisions of ended transactions are forgotten."""
+        with self.lock:
+            self._compact()
 
     def finish_recovery(self) -> None:
         """Every recovered transaction is applied (the broker has made its
@@ -156,12 +189,17 @@ class TransactionCoordinator:
 
     # -- ending ----------------------------------------------------------------------
 
-    def end(self, meta: TxnMeta, commit: bool, reason: str | None = None) -> None:
+    def end(self, meta: TxnMeta, commit: bool, reason: str | None = None, future=None) -> None:
         """Commit or abort ``meta`` (the four steps of the module docstring).
 
         ``reason`` marks an abort the broker made ("timeout", "forced",
         "fenced"). A user's abort of a transaction already aborted (by an
         earlier abort, or by the broker) is a no-op: the caller's wish holds.
+
+        ``future`` (a commit only, ``concurrent.futures.Future``): return
+        once the decision is written, and leave its sync and the fan-out to
+        the flusher thread, which resolves the future after them (or sets
+        the error). Errors before the decision are raised here.
         """
         with meta.lock:
             if meta.state is not TxnState.OPEN:
@@ -180,44 +218,126 @@ class TransactionCoordinator:
         for x in participants:
             with x.lock:
                 pass
-        if commit:
-            try:
-                self._prepare(meta, participants)
-            except BaseException:
-                # No decision is logged: the only way out is an abort.
-                log.exception("txmq: prepare of %s failed; aborting it", meta.id)
-                with meta.lock:
-                    meta.state = TxnState.ABORTING
-                    meta.reason = "prepare failed"
-                self._decide_and_apply(meta, False, participants)
-                raise
-            crashpoints.reached("txn.prepared")
-        self._decide_and_apply(meta, commit, participants)
-        if late:
-            with self.lock:
-                self.stats["timed_out"] += 1
-            raise meta.not_open("commit")
-
-    def _prepare(self, meta: TxnMeta, participants: list) -> None:
-        """Step 1: every participant's data and pending acks durable (a
-        participant deleted meanwhile has nothing left to keep)."""
-        if self.fsync == "never":
+        if not commit:
+            self._abort(meta, participants)
+            if late:
+                with self.lock:
+                    self.stats["timed_out"] += 1
+                raise meta.not_open("commit")
             return
-        for x in participants:
-            if self.broker._participant_exists(x):
-                x.prepare_txn(meta.id)
-
-    def _decide_and_apply(self, meta: TxnMeta, commit: bool, participants: list) -> None:
-        """Steps 2 to 4."""
-        with self.lock:
-            self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*meta.words))
-            meta.decided = commit
-            mark = self.log.written
-        if commit:
-            self.log.sync_to(mark)         # the commit point
+        try:
+            mark = self._decide_commit(meta, participants)
+        except BaseException:
+            # No decision is logged: the only way out is an abort.
+            log.exception("txmq: prepare of %s failed; aborting it", meta.id)
+            with meta.lock:
+                meta.state = TxnState.ABORTING
+                meta.reason = "prepare failed"
+            self._abort(meta, participants)
+            raise
+        if future is not None:
+            self._enqueue(future, meta, participants, mark)
+            return
+        self.log.sync_to(mark)             # the commit point
+        if crashpoints.ARMED:
             crashpoints.reached("txn.decided")
-        if self._apply(meta.id, commit, participants):
-            self._finish(meta, commit)
+        if self._apply(meta.id, True, participants):
+            self._finish(meta, True)
+
+    def _decide_commit(self, meta: TxnMeta, participants: list) -> int:
+        """Steps 1 and 2 of a commit but the sync: read what the commit
+        covers, sync the outputs too large to copy, append the DECIDED
+        frame. Returns the log mark the commit point must sync to."""
+        copy = self.fsync != "never"
+        outputs, acks = [], []
+        size = 0
+        for x in participants:
+            if isinstance(x.topic, str):
+                # (copies only while the transaction's batches fit the bound)
+                batches = x.txn_batches(meta.words, decision.REDO_COPY_MAX - size if copy else -1)
+                if batches:                # (None: the partition was deleted meanwhile)
+                    outputs.append((x.topic, x.index, batches))
+                    for b in batches:
+                        size += b[3]
+            else:
+                topic = x.topic.name
+                for p, cum, ranges in x.commit_ranges(meta.id):
+                    acks.append((topic, x.name, p, cum, ranges))
+        if copy and size > decision.REDO_COPY_MAX:
+            # Too large to copy: durable in their segments before the decision.
+            for x in participants:
+                if isinstance(x.topic, str) and self.broker._participant_exists(x):
+                    x.prepare_txn(meta.id)
+            outputs = [(t, i, [b[:4] + (None,) for b in batches]) for t, i, batches in outputs]
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.prepared")
+        record = decision.encode(outputs, acks)
+        with self.lock:
+            self.log.append(TC_DECIDED, pack_txn(*meta.words) + record)
+            meta.decided = True
+            meta.record = record
+            mark = self.log.written
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.recorded")
+        return mark
+
+    def _abort(self, meta: TxnMeta, participants: list) -> None:
+        """Steps 2 to 4 of an abort: ABORTING needs no sync (a transaction
+        without a durable decision is aborted by recovery anyway)."""
+        with self.lock:
+            self.log.append(TC_ABORTING, pack_txn(*meta.words))
+            meta.decided = False
+        if self._apply(meta.id, False, participants):
+            self._finish(meta, False)
+
+    # -- commit_async: the flusher -------------------------------------------------
+
+    def _enqueue(self, future, meta: TxnMeta, participants: list, mark: int) -> None:
+        with self._queue_cond:
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_loop, name=f"txmq-tc{self.id}-flusher",
+                                                 daemon=True)
+                self._flusher.start()
+            self._queued.append((future, meta, participants, mark))
+            self._queue_cond.notify()
+
+    def _flush_loop(self) -> None:
+        """Sync once for every decision queued so far, then fan each out
+        and resolve its future, in the order they were decided."""
+        while True:
+            with self._queue_cond:
+                while not self._queued and not self._closing:
+                    self._queue_cond.wait()
+                if not self._queued:
+                    return
+                todo = list(self._queued)
+                self._queued.clear()
+            try:
+                self.log.sync_to(max(m for _, _, _, m in todo))
+            except BaseException as e:      # the log is unusable: nothing here is known durable
+                for future, *_ in todo:
+                    future.set_exception(e)
+                continue
+            if crashpoints.ARMED:
+                crashpoints.reached("txn.decided")
+            for future, meta, participants, _ in todo:
+                try:
+                    if self._apply(meta.id, True, participants):
+                        self._finish(meta, True)
+                except BaseException as e:   # decided and durable: recovery or a retry applies it
+                    log.exception("txmq: fan-out of %s failed", meta.id)
+                    future.set_exception(e)
+                    continue
+                future.set_result(None)
+
+    def drain(self) -> None:
+        """Finish every queued commit_async commit and stop the flusher."""
+        with self._queue_cond:
+            self._closing = True
+            self._queue_cond.notify()
+            flusher = self._flusher
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join()
 
     def _apply(self, txn_id: TxnID, commit: bool, participants: list) -> bool:
         """Step 3 (partitions first: their markers, then the acks); False
@@ -233,9 +353,10 @@ class TransactionCoordinator:
                     log.warning("txmq: %s of %s on %r failed, will retry: %s",
                                 "commit" if commit else "abort", txn_id, x, e)
                     failed.append(x)
-            if i == 0:
+            if i == 0 and crashpoints.ARMED:
                 crashpoints.reached("txn.markers_half")
-        crashpoints.reached("txn.applied")
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.applied")
         if failed:
             with self.lock:
                 self._retry[txn_id] = (commit, failed)
@@ -309,17 +430,22 @@ class TransactionCoordinator:
                 x.flush()
             except BrokerClosedError:
                 pass
-        live = {}
+        live, records = {}, {}
         for meta in self.txns.values():
             state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING
             live[meta.words] = [state, int(meta.timeout * 1000), meta.start_ms,
                                 set(meta.partitions), set(meta.subscriptions)]
-        self.log.compact(encode_coordinator_snapshot(self.next_seq, live, self.tids))
+            if meta.decided and meta.record is not None:
+                # Decided, not yet applied everywhere: the snapshot keeps what it covers.
+                records[meta.words] = meta.record
+        self.log.compact(encode_coordinator_snapshot(self.next_seq, live, self.tids, records))
 
     def close(self) -> None:
-        """Close the log. A transaction still open is aborted by the next
-        open's recovery (nothing decided it), so from now on it reads
-        ABORTED; its handle's later calls fail with BrokerClosedError."""
+        """Close the log (after :meth:`drain`). A transaction still open is
+        aborted by the next open's recovery (nothing decided it), so from
+        now on it reads ABORTED; its handle's later calls fail with
+        BrokerClosedError."""
+        self.drain()
         for meta in list(self.txns.values()):
             with meta.lock:
                 if meta.state is TxnState.OPEN:

@@ -77,7 +77,7 @@ class TxnMeta:
     """
 
     __slots__ = ("id", "words", "state", "timeout", "start_ms", "deadline", "partitions",
-                 "subscriptions", "lock", "reason", "decided", "owner")
+                 "subscriptions", "lock", "reason", "decided", "owner", "record")
 
     def __init__(self, txn_id: TxnID, timeout: float, start_ms: int, deadline: float):
         self.id = txn_id
@@ -92,6 +92,7 @@ class TxnMeta:
         self.reason = None                # why it was aborted by the broker, if it was
         self.decided = None               # True / False once COMMITTING / ABORTING is logged
         self.owner = None                 # the TransactionalProducer that began it, if one did
+        self.record = None                # its decision record once a commit logged one (bytes)
 
     def check_open(self, doing: str = "use it") -> None:
         if self.state is not TxnState.OPEN:

@@ -1,0 +1,200 @@
+"""Power loss at random instants (txmq.testing.power_loss): the directory
+always opens; under fsync="always" / "commit" nothing acknowledged is lost
+(every commit() that returned, every resolved commit_async future, G4), and
+in every mode a consume-transform-produce transaction is whole or absent
+(G1, G6). Also a power loss right after a segment roll and one during the
+recovery of an earlier one."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+import txmq
+from txmq.testing.power_loss import PowerLoss
+from txmq.transactions import coordinator
+
+INPUTS = 240
+PER_TXN = 6
+
+
+def _out_value(v: bytes) -> bytes:
+    return b"out-" + v
+
+
+def _setup(path, fsync):
+    with txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=8192,
+                     control_socket=False) as b:
+        b.create_topic("in", 2)
+        b.create_topic("out", 2)
+        b.subscribe("in", "s", initial_position="earliest").close()
+        p = b.producer("in")
+        for i in range(INPUTS):
+            p.send(b"in-%04d" % i, key=b"%d" % i)
+
+
+def _workload(path, fsync, sim, rng, acked):
+    """Consume-transform-produce transactions, some pipelined with
+    commit_async, some aborted, with plain sends between. ``acked`` gets the
+    input values of every commit acknowledged (returned, or future resolved)."""
+    b = txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=8192, control_socket=False)
+    try:
+        c = b.subscribe("in", "s", initial_position="earliest")
+        out = b.producer("out")
+        plain = b.producer("out")
+        futures = []
+        while True:
+            msgs = c.receive_many(PER_TXN, timeout=0.2)
+            if not msgs:
+                break
+            txn = b.new_transaction()
+            for m in msgs:
+                out.send(_out_value(m.value), key=m.key, txn=txn)
+            c.ack(msgs, txn=txn)
+            values = [m.value for m in msgs]
+            roll = rng.random()
+            if roll < 0.1:
+                txn.abort()
+            elif roll < 0.45:
+                f = txn.commit_async()
+                f.add_done_callback(lambda f, values=values: f.exception() is None and acked.extend(values))
+                futures.append(f)
+            else:
+                txn.commit()
+                acked.extend(values)
+            if rng.random() < 0.2:
+                plain.send(b"plain")
+        for f in futures:
+            f.result()
+    finally:
+        b.close()
+
+
+def _check(path, fsync, acked: list):
+    """Open what a power loss left, and check the guarantees against
+    ``acked`` (commits acknowledged before it)."""
+    with txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=8192,
+                     control_socket=False) as b:
+        outputs = []
+        reader = b.subscribe("out", "check", isolation="read_committed", initial_position="earliest")
+        while True:
+            ms = reader.receive_many(1000, timeout=0.05)
+            if not ms:
+                break
+            outputs += [m.value for m in ms if m.value != b"plain"]
+        assert len(outputs) == len(set(outputs)), "an output committed twice"
+        c = b.subscribe("in", "s", initial_position="earliest")
+        left = set()
+        while True:
+            ms = c.receive_many(1000, timeout=0.05)
+            if not ms:
+                break
+            left |= {m.value for m in ms}
+        inputs = {b"in-%04d" % i for i in range(INPUTS)}
+        produced = {v[4:] for v in outputs}
+        # G6: an input's output is committed if and only if its ack is.
+        assert produced | left == inputs
+        assert not produced & left
+        if fsync != "never":
+            missing = set(acked) - produced
+            assert not missing, f"{len(missing)} acknowledged commits lost"
+
+
+@pytest.mark.parametrize("fsync", ["always", "commit", "never"])
+def test_power_loss_at_random_syncs(tmp_path, fsync, monkeypatch):
+    monkeypatch.setattr(coordinator, "PREALLOCATE_BYTES", 16 * 1024)
+    rng = random.Random(int(os.environ.get("TXMQ_POWER_LOSS_SEED", "0")) * 7 + len(fsync))
+    path = tmp_path / "d"
+    _setup(path, fsync)
+    acked: list = []
+    cuts = []
+    cut_rng = random.Random(rng.random())
+    with PowerLoss(path) as sim:
+        def on_sync(n):
+            # A power loss right after this sync, at about one sync in ten.
+            if cut_rng.random() < 0.1 and len(cuts) < 30:
+                cuts.append((sim.materialise(tmp_path / f"cut{n}"), list(acked)))
+
+        sim.on_sync = on_sync
+        _workload(path, fsync, sim, rng, acked)
+        cuts.append((sim.materialise(tmp_path / "end"), list(acked)))
+    if fsync != "never":
+        assert len(cuts) > 5
+    for where, acked_then in cuts:
+        _check(where, fsync, acked_then)
+
+
+def test_power_loss_right_after_a_segment_roll(tmp_path, monkeypatch):
+    """The instant after each roll's directory sync: the new segment's name
+    is durable, none of its bytes are."""
+    monkeypatch.setattr(coordinator, "PREALLOCATE_BYTES", 16 * 1024)
+    from txmq.storage import log as storage_log
+    path = tmp_path / "d"
+    _setup(path, "commit")
+    acked: list = []
+    cuts = []
+    with PowerLoss(path) as sim:
+        real_roll = storage_log.SegmentLog._roll
+
+        def roll(self):
+            real_roll(self)
+            if self.name.startswith("out/"):
+                cuts.append((sim.materialise(tmp_path / f"roll{len(cuts)}"), list(acked)))
+
+        monkeypatch.setattr(storage_log.SegmentLog, "_roll", roll)
+        _workload(path, "commit", sim, random.Random(7), acked)
+    assert len(cuts) >= 2
+    for where, acked_then in cuts:
+        _check(where, "commit", acked_then)
+
+
+def test_power_loss_during_recovery(tmp_path, monkeypatch):
+    """Cut once mid-run, then cut again at every sync of the recovery of
+    that directory: each of those opens with the first cut's commits."""
+    monkeypatch.setattr(coordinator, "PREALLOCATE_BYTES", 16 * 1024)
+    path = tmp_path / "d"
+    _setup(path, "commit")
+    acked: list = []
+    first = []
+    with PowerLoss(path) as sim:
+        sim.on_sync = lambda n: n == 25 and first.append((sim.materialise(tmp_path / "cut"), list(acked)))
+        _workload(path, "commit", sim, random.Random(11), acked)
+    assert first
+    cut, acked_then = first[0]
+    again = []
+    with PowerLoss(cut) as sim:
+        sim.on_sync = lambda n: again.append(sim.materialise(tmp_path / f"again{n}"))
+        txmq.Broker(cut, fsync="commit", num_coordinators=2, segment_bytes_max=8192,
+                    control_socket=False).close()
+    assert again
+    for where in again:
+        _check(where, "commit", acked_then)
+    _check(cut, "commit", acked_then)
+
+
+def test_a_deleted_topic_created_again_gets_no_old_commit_back(tmp_path, monkeypatch):
+    """Decision records name partitions by topic and index: deleting a topic
+    makes the coordinators forget the decisions that name it, so a power
+    loss after the topic is created again does not write the old commits'
+    batches into the new one."""
+    monkeypatch.setattr(coordinator, "PREALLOCATE_BYTES", 16 * 1024)
+    path = tmp_path / "d"
+    txmq.Broker(path, fsync="commit", num_coordinators=1, control_socket=False).close()
+    with PowerLoss(path) as sim:
+        b = txmq.Broker(path, fsync="commit", num_coordinators=1, control_socket=False)
+        b.create_topic("t", 1)
+        p = b.producer("t")
+        for i in range(3):
+            with b.transaction() as txn:
+                p.send(b"old-%d" % i, txn=txn)
+        b.delete_topic("t")
+        b.create_topic("t", 1)
+        with b.transaction() as txn:
+            b.producer("t").send(b"new", txn=txn)
+        cut = sim.materialise(tmp_path / "cut")
+        b.close()
+    with txmq.Broker(cut, fsync="commit", num_coordinators=1, control_socket=False) as b:
+        c = b.subscribe("t", "s", initial_position="earliest")
+        assert [m.value for m in c.receive_many(100, timeout=0.2)] == [b"new"]
