@@ -153,6 +153,44 @@ cdef class AckSet:
             self._debug_changed()
         return True
 
+    def remove_range(self, int64_t start, int64_t end):
+        """Remove [start, end); return how many offsets were in the set."""
+        cdef Py_ssize_t i, j, k, keep_left, keep_right
+        cdef int64_t removed = 0, left_end, right_start
+        if end <= start or self.n == 0:
+            return 0
+        i = self._find(start)
+        if i < 0 or self.e[i] <= start:
+            i += 1
+        j = self._find(end - 1) + 1      # ranges i..j-1 overlap [start, end)
+        if j <= i:
+            return 0
+        for k in range(i, j):
+            removed += min(self.e[k], end) - max(self.s[k], start)
+        keep_left = self.s[i] < start
+        keep_right = self.e[j - 1] > end
+        left_end = start
+        right_start = end
+        cdef int64_t first_start = self.s[i], last_end = self.e[j - 1]
+        cdef Py_ssize_t new_count = keep_left + keep_right
+        if new_count > j - i and self.n == self.cap:
+            self._alloc(2 * self.cap)
+        # The ranges i..j-1 become the pieces kept on either side.
+        memmove(self.s + i + new_count, self.s + j, (self.n - j) * 8)
+        memmove(self.e + i + new_count, self.e + j, (self.n - j) * 8)
+        k = i
+        if keep_left:
+            self.s[k] = first_start
+            self.e[k] = left_end
+            k += 1
+        if keep_right:
+            self.s[k] = right_start
+            self.e[k] = last_end
+        self.n += new_count - (j - i)
+        if DEBUG:
+            self._debug_changed()
+        return removed
+
     def first_unacked(self, int64_t from_offset):
         """The smallest offset >= ``from_offset`` that is not in the set."""
         cdef Py_ssize_t i = self._find(from_offset)

@@ -7,7 +7,8 @@ import datetime
 from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTypeError
 from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
-from txmq.client.transaction import meta_of
+from txmq._accumulator import PendingMessageId
+from txmq.client.transaction import Transaction, meta_of
 
 
 def _ids(messages) -> list:
@@ -28,6 +29,8 @@ def _ids(messages) -> list:
             out.append(m)
         elif isinstance(m, tuple) and len(m) == 3:
             out.append(MessageId(*m))
+        elif isinstance(m, PendingMessageId):
+            out.append(MessageId(*m.result()))
         else:
             raise InvalidArgumentError("message", m, "a Message, a MessageId or a list of them")
     return out
@@ -103,6 +106,15 @@ class Consumer:
         (``other`` is that transaction) and acknowledges none of
         ``messages``: the transaction decides that message's fate.
         """
+        if txn is not None and type(messages) is Message and not self.closed:
+            # ack(m, txn=): the README's loop, one message at a time.
+            if type(txn) is not Transaction or txn._broker is not self._broker:
+                raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
+            meta = txn._meta
+            if meta.owner is not None:
+                meta.check_owner()
+            self._sub.pending_acks.ack_one(meta, messages.message_id)
+            return
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
             md = messages.schema.metadata or {}

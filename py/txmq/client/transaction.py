@@ -18,12 +18,13 @@ class Transaction:
     acks take effect together at :meth:`commit`, or not at all.
     """
 
-    __slots__ = ("_broker", "_coordinator", "_meta")
+    __slots__ = ("_broker", "_coordinator", "_meta", "_accumulators")
 
     def __init__(self, broker, coordinator, meta):
         self._broker = broker
         self._coordinator = coordinator
         self._meta = meta
+        self._accumulators: list = []    # the batches of its one-message sends (client/accumulator.py)
 
     @property
     def id(self) -> TxnID:
@@ -50,10 +51,45 @@ class Transaction:
         Raises :class:`~txmq.errors.TransactionTimeoutError` if the
         transaction timed out, :class:`~txmq.errors.InvalidTxnStateError` if
         it is not open, :class:`~txmq.errors.ProducerFencedError` if it
-        belongs to a transactional producer a newer instance replaced."""
-        self._broker._check_open()
-        self._meta.check_owner()
-        self._coordinator.end(self._meta, True)
+        belongs to a transactional producer a newer instance replaced.
+
+        First the batches of its one-message sends still accumulating are
+        appended and its acks written to the pending-ack logs: an error
+        doing so (a partition deleted meanwhile, a full disk) aborts the
+        transaction and is raised here."""
+        if self._broker._closed:
+            self._broker._check_open()
+        meta = self._meta
+        if meta.owner is not None:
+            meta.check_owner()
+        if meta.state is TxnState.OPEN:
+            error = self._broker._batching.finish(self) if self._accumulators else None
+            if error is None and meta.subscriptions:
+                try:
+                    for acks in list(meta.subscriptions.values()):
+                        acks.write_txn(meta.id)
+                except BaseException as e:
+                    error = e
+            if error is not None:
+                self._coordinator.end(meta, False)
+                raise error
+        self._coordinator.end(meta, True)
+
+    def flush(self) -> None:
+        """Append the batches of this transaction's one-message sends that
+        are still accumulating, and write its acks to the pending-ack logs,
+        now (what :meth:`commit` does first): a read_uncommitted reader, a
+        read-only view in another process (``txmq.readonly``) and a crash
+        then see them. Raises what an append raised; the transaction stays
+        open."""
+        meta = self._meta
+        if meta.owner is not None:
+            meta.check_owner()
+        meta.check_open("flush")
+        for acc in list(self._accumulators):
+            self._broker._batching.flush(acc)
+        for acks in list(meta.subscriptions.values()):
+            acks.write_txn(meta.id)
 
     def abort(self) -> None:
         """Discard the transaction's messages; its acked messages become
@@ -70,6 +106,8 @@ class Transaction:
         meta.check_owner()
         if meta.state is TxnState.OPEN:
             self._broker._check_open()
+        if self._accumulators:
+            self._broker._batching.drop(self)
         self._coordinator.end(meta, False)
 
     def __enter__(self) -> "Transaction":

@@ -20,14 +20,12 @@ from __future__ import annotations
 import struct
 import time
 
-import numpy as np
-
 from txmq._redolog import RedoLog
 from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
 from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
 from txmq.message import MessageId
 from txmq.storage.cursor import COMPACT_FRAMES
-from txmq.transactions.records import TxnID
+from txmq.transactions.records import TxnID, TxnState
 
 
 def open_pending_log(path: str, fsync: str, problems: list):
@@ -45,6 +43,7 @@ def open_pending_log(path: str, fsync: str, problems: list):
         table.add(txn_id, offsets)
         if cumulative >= 0:
             table.add_cumulative(txn_id, cumulative)
+    table.mark_logged()
     return table, log
 
 
@@ -56,7 +55,8 @@ class PendingAcks:
         self.subscription = subscription
         self.topic = subscription.topic      # (the coordinator logs the participant by topic and name)
         self.name = subscription.name
-        self.lock = subscription.cond        # the participant lock a transaction's end takes
+        self.lock = subscription.lock        # the participant lock a transaction's end takes
+        self.key = (self.topic.name, self.name)   # (the coordinator's key of it: register_subscription)
 
     def __repr__(self) -> str:
         return repr(self.subscription)
@@ -87,7 +87,8 @@ class PendingAcks:
         sub = self.subscription
         if not checked:
             return 0
-        sub.broker._coordinator_of(meta).register_subscription(meta, self)
+        if meta.subscriptions.get(self.key) is not self:
+            sub.broker._coordinator_of(meta).register_subscription(meta, self)
         n = 0
         with sub.cond:
             meta.check_open("acknowledge")
@@ -95,14 +96,69 @@ class PendingAcks:
                 self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
                     meta.id, offsets, lane.cursor.mark_delete, lane.cursor.acked))
             for lane, offsets in checked:
+                # Logged once per transaction and lane, before its decision (write_txn).
                 new = lane.pending.add(meta.id, offsets)
                 if not new:
                     continue
-                lane.pending_log.append(PA_ACK, pack_txn(*meta.words) + struct.pack("<I", len(new))
-                                        + np.asarray(new, "<i8").tobytes())
                 sub._hold(lane, new)
                 n += len(new)
         return n
+
+    def ack_one(self, meta, message_id) -> None:
+        """:meth:`ack_txn` of one message: ``ack(m, txn=)``, the README's
+        loop. The pending-ack table checks and records the offset in one
+        compiled call; the log gets it with the rest of the transaction's
+        acks here (:meth:`write_txn`)."""
+        sub = self.subscription
+        topic, partition, offset = message_id
+        lanes = sub.lanes
+        if (topic != self.topic.name or type(partition) is not int or not 0 <= partition < len(lanes)
+                or type(offset) is not int):
+            sub._lane_of(message_id)          # raises what is wrong with it
+        lane = lanes[partition]
+        if not 0 <= offset < lane.partition._segments[-1].next_offset:
+            sub._lane_of(message_id)
+        if meta.subscriptions.get(self.key) is not self:
+            sub.broker._coordinator_of(meta).register_subscription(meta, self)
+        with sub.lock:
+            if meta.state is not TxnState.OPEN:
+                raise meta.not_open("acknowledge")
+            cursor = lane.cursor
+            r = lane.pending.add_one(meta.id, offset, cursor.mark_delete, cursor.acked)
+            if r > 0:
+                if lane.outstanding.pop(offset, None) is None and lane.ranges:
+                    sub._hold(lane, (offset,))
+            elif r < 0:
+                self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
+                    meta.id, (offset,), cursor.mark_delete, cursor.acked))
+
+    def write_txn(self, txn_id) -> None:
+        """Frame the acks ``txn_id`` made here that are not in the
+        pending-ack logs yet: one ACK frame per lane, before the
+        transaction's decision (``Transaction.commit``), so that recovery
+        can redo a decided commit."""
+        sub = self.subscription
+        with sub.lock:
+            if sub.closed:
+                return
+            for lane in sub.lanes:
+                new = lane.pending.take_unlogged(txn_id)
+                if new is not None:
+                    lane.pending_log.append(PA_ACK, pack_txn(*txn_id.words) + struct.pack("<I", len(new))
+                                            + new.astype("<i8").tobytes())
+
+    def _write_lane(self, lane, txn_id) -> None:
+        new = lane.pending.take_unlogged(txn_id)
+        if new is not None:
+            lane.pending_log.append(PA_ACK, pack_txn(*txn_id.words) + struct.pack("<I", len(new))
+                                    + new.astype("<i8").tobytes())
+
+    def txn_ack_ranges(self, txn_id) -> list:
+        """``[[(start, end), ...] per lane]``: the offsets ``txn_id``
+        acknowledged individually on each partition, as ranges."""
+        sub = self.subscription
+        with sub.cond:
+            return [lane.pending.ranges_of(txn_id) for lane in sub.lanes]
 
     def ack_cumulative_txn(self, meta, message_id) -> None:
         """Cumulative ack inside transaction ``meta`` (exclusive / failover)."""
@@ -132,9 +188,12 @@ class PendingAcks:
         """Make the pending acks of ``txn_id`` durable (commit, step 1);
         concurrent commits share each log's fdatasync."""
         sub = self.subscription
+        logs = []
         with sub.cond:
-            logs = [(lane.pending_log, lane.pending_log.written) for lane in sub.lanes
-                    if txn_id in lane.pending.txns()]
+            for lane in sub.lanes:
+                if txn_id in lane.pending.txns():
+                    self._write_lane(lane, txn_id)
+                    logs.append((lane.pending_log, lane.pending_log.written))
         for plog, mark in logs:
             plog.sync_to(mark)
 
@@ -145,21 +204,26 @@ class PendingAcks:
         sub = self.subscription
         now = time.monotonic()
         frame = pack_txn(*txn_id.words)
-        with sub.cond:
+        with sub.lock:
             for lane in sub.lanes:
                 # Taken out only once applied: a failure leaves them for the retry.
-                offsets, cumulative = lane.pending.peek(txn_id)
-                if not offsets and cumulative < 0:
+                ranges = lane.pending.ranges_of(txn_id)
+                cumulative = lane.pending.peek_cumulative(txn_id)
+                if not ranges and cumulative < 0:
                     continue
                 if commit:
+                    if lane.pending.has_unlogged(txn_id):
+                        # An ack that raced the commit from another thread
+                        # reaches the log before the cursor.
+                        self._write_lane(lane, txn_id)
                     # Cursor frames stay in the page cache, and the COMMIT
                     # frame waits until they are synced (flush): until
                     # then the pending-ack log and the coordinator's decision
                     # can redo this.
-                    sub._apply_acks(lane, offsets, cumulative, sync=False)
+                    sub._apply_ack_ranges(lane, ranges, cumulative, sync=False)
                     lane.pending.take(txn_id)
                 else:
-                    lane.pending.take(txn_id)
+                    offsets = lane.pending.take(txn_id)[0]
                     again = set(offsets)
                     if cumulative >= 0:
                         again.update(range(lane.cursor.mark_delete, cumulative + 1))
@@ -177,7 +241,9 @@ class PendingAcks:
                 if lane.pending_log.frames_since_snapshot >= COMPACT_FRAMES:
                     self.sync_commits(lane)
                     lane.pending_log.compact(lane.pending.to_bytes())
-            sub.cond.notify_all()
+                    lane.pending.mark_logged()
+            if not commit:
+                sub.cond.notify_all()      # (a commit makes nothing deliverable)
 
     def flush(self) -> None:
         """Make the cursor frames of committed transactions durable, then

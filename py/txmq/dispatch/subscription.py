@@ -106,7 +106,10 @@ class Subscription:
         self.initial_position = initial_position
         self.ack_timeout = ack_timeout
         self.nack_delay = nack_delay
-        self.cond = threading.Condition(threading.Lock())
+        # The subscription lock, taken as ``cond`` or, where nothing waits
+        # or is woken, as the plain lock (no Python-level call).
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.consumers: list = []
         self._next_consumer_id = 0
         self.closed = False
@@ -534,6 +537,33 @@ class Subscription:
         self._trim_ranges(lane)
         return n
 
+    def _apply_ack_ranges(self, lane: _Lane, ranges: list, cumulative: int = -1, sync: bool = True) -> None:
+        """:meth:`_apply_acks` of offsets given as sorted ``[(start, end)]``
+        ranges (a transaction's pending acks): one cursor frame per range
+        (lock held). The offsets left every dispatch state when they were
+        acked in the transaction; only their redelivery counts remain."""
+        if len(ranges) > 8:      # scattered: one frame of offsets beats many of ranges
+            offsets = [o for a, b in ranges for o in range(a, b)]
+            self._apply_acks(lane, offsets, cumulative, sync)
+            return
+        cursor = lane.cursor
+        if cumulative >= 0:
+            self._apply_acks(lane, (), cumulative, sync)
+        for a, b in ranges:
+            cursor.ack_range(a, b, sync)
+        counts = lane.redelivery_count
+        if counts:
+            pop = counts.pop
+            for a, b in ranges:
+                if b - a <= len(counts):
+                    for off in range(a, b):
+                        pop(off, None)
+                else:
+                    for off in [o for o in counts if a <= o < b]:
+                        del counts[off]
+        if lane.ranges:
+            self._trim_ranges(lane)
+
     def ack_range(self, partition: int, start: int, end: int) -> int:
         """Acknowledge offsets [start, end) of one partition (Arrow batches)."""
         lane = self._lane_of(MessageId(self.topic.name, partition, max(start, end - 1)))
@@ -652,6 +682,10 @@ class Subscription:
             self.cond.notify_all()
             for lane in self.lanes:
                 lane.partition.remove_listener(self._on_append)
+                # Acks of open transactions reach the log (the next open
+                # aborts them), as their accumulated sends reach the partitions.
+                for txn_id in lane.pending.unlogged_txns():
+                    self.pending_acks._write_lane(lane, txn_id)
                 self.pending_acks.sync_commits(lane)
                 lane.cursor.close()
                 lane.pending_log.close()

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 from txmq._batch import FLAG, BatchSpec
-from txmq._segment import SegmentClosedError
+from txmq._segment import SegmentClosedError, now_ms
 from txmq._producers import FENCED
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
 from txmq.errors import CorruptLogError
@@ -39,15 +38,12 @@ from txmq.storage.delivery import never_delivered, undelivered
 from txmq.storage.layout import (PRODUCERS_FILE, READVIEW_FILE, TXNBUF_FILE, is_leftover, read_producer_snapshot,
                                  read_txn_snapshot)
 from txmq.storage.loader import Dropped
+from txmq.storage import log as segment_log
 from txmq.storage.log import SegmentLog
 from txmq.storage.producer_state import DEFAULT_PRODUCER_EXPIRATION_MS, ProducerState
 from txmq.storage.txnbuffer import MARKER_FLAGS, TxnBuffer
 
 TRANSACTIONAL = FLAG["transactional"]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Partition(SegmentLog):
@@ -165,7 +161,7 @@ class Partition(SegmentLog):
                     # (TxnBuffer.begin, inline: the hot path of every transactional send).
                     txns = self.txns
                     txns.seen = True
-                    added = txns.ongoing.add(txn_hi, txn_lo, self.end_offset, self.clock())
+                    added = txns.ongoing.add(txn_hi, txn_lo, self._segments[-1].next_offset, self.clock())
                 try:
                     base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                                                base_sequence)
@@ -176,8 +172,10 @@ class Partition(SegmentLog):
                 if producer_id >= 0:         # (ProducerState.record, inline)
                     self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                                      self.last_publish_time)
-                self._maybe_checkpoint()
-                end = self.end_offset
+                active = self._segments[-1]
+                if active.size - self._checkpoint_pos >= segment_log.CHECKPOINT_BYTES:     # (_maybe_checkpoint, inline)
+                    self._checkpoint()
+                end = active.next_offset
                 self._publish(end)
         # A retry's answer waits for the sync too: the first send of that
         # batch may still be making it durable on another thread.
@@ -261,8 +259,10 @@ class Partition(SegmentLog):
             base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
             # (an abort is also indexed in its marker's segment)
             snapshot = self.txns.ended(hi, lo, commit, base, pid, None if commit else self.segment_base(base))
-            self._maybe_checkpoint()
-            self._publish(self.end_offset)
+            active = self._segments[-1]
+            if active.size - self._checkpoint_pos >= segment_log.CHECKPOINT_BYTES:     # (_maybe_checkpoint, inline)
+                self._checkpoint()
+            self._publish(active.next_offset)
         if snapshot:
             self.snapshot_txn_buffer()
         if self._listeners:
