@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from txmq._batch import Message
 from _debug cimport check_due
 from _bytes cimport load_i64, store_u32, store_i64
 from txmq._reader cimport Reader
@@ -324,9 +325,59 @@ def add_many(AckSet acks, offsets):
     return added
 
 
+def cut_delivery(list ranges, int64_t offset):
+    """Take ``offset`` out of the batch deliveries ``[[start, end,
+    consumer id], ...]`` holding it (a subscription's lane), splitting the
+    one it lies in; False when none held it. The per-message transactional
+    ack's step, compiled (a subscription's ``_cut_from_ranges`` does it for
+    many offsets)."""
+    cdef Py_ssize_t i
+    cdef list r
+    cdef int64_t s, e
+    for i in range(len(ranges)):
+        r = ranges[i]
+        s = r[0]
+        e = r[1]
+        if s <= offset < e:
+            if e - s == 1:
+                del ranges[i]
+            elif offset == s:
+                r[0] = offset + 1
+            elif offset == e - 1:
+                r[1] = offset
+            else:
+                ranges.insert(i + 1, [offset + 1, e, r[2]])
+                r[1] = offset
+            return True
+    return False
+
+
+def all_received(list messages):
+    """Whether every item is a received Message (an ack's common case)."""
+    for m in messages:
+        if type(m) is not Message:
+            return False
+    return True
+
+
+def is_run(list offsets):
+    """Whether ``offsets`` are consecutive ascending ints (a delivery acked
+    whole: one range)."""
+    cdef Py_ssize_t i, n = len(offsets)
+    cdef int64_t first
+    if n == 0:
+        return False
+    first = offsets[0]
+    for i in range(1, n):
+        if <int64_t>offsets[i] != first + i:
+            return False
+    return True
+
+
 def group_offsets(list message_ids):
     """``{(topic, partition): [offset, ...]}`` of a list of ``(topic,
-    partition, offset)`` ids, in input order: the ack path's bookkeeping,
+    partition, offset)`` ids, or of objects with such a ``message_id``
+    (received Messages), in input order: the ack path's bookkeeping,
     compiled."""
     cdef dict groups = {}
     cdef list g = None
@@ -334,6 +385,8 @@ def group_offsets(list message_ids):
     cdef Py_ssize_t i
     for i in range(len(message_ids)):
         mid = message_ids[i]
+        if type(mid) is Message:
+            mid = mid.message_id
         if PyTuple_Check(mid) and PyTuple_GET_SIZE(mid) == 3:
             topic = <object>PyTuple_GET_ITEM(mid, 0)
             partition = <object>PyTuple_GET_ITEM(mid, 1)

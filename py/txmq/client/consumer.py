@@ -8,6 +8,7 @@ from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTyp
 from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
 from txmq._accumulator import PendingMessageId
+from txmq._ackset import all_received
 from txmq.client.transaction import Transaction, meta_of
 
 
@@ -19,6 +20,10 @@ def _ids(messages) -> list:
             return [m.message_id for m in messages]
         except AttributeError:
             pass
+    return _checked_ids(messages)
+
+
+def _checked_ids(messages) -> list:
     if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
         raise InvalidArgumentError("messages", messages, "a Message, a MessageId or a list of them")
     out = []
@@ -134,6 +139,9 @@ class Consumer:
             return
         if txn is not None:
             self._sub.pending_acks.ack_txn(meta_of(txn, self._broker), _ids(messages))
+            return
+        if type(messages) is list and all_received(messages):
+            self._sub.ack(messages)     # (their ids are read in compiled code)
             return
         self._sub.ack(_ids(messages))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 import time
 
+from txmq._ackset import cut_delivery
 from txmq._redolog import RedoLog
 from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
 from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
@@ -125,9 +126,9 @@ class PendingAcks:
                 raise meta.not_open("acknowledge")
             cursor = lane.cursor
             r = lane.pending.add_one(meta.id, offset, cursor.mark_delete, cursor.acked)
-            if r > 0:
+            if r > 0:        # (Subscription._hold of one offset, inline)
                 if lane.outstanding.pop(offset, None) is None and lane.ranges:
-                    sub._hold(lane, (offset,))
+                    cut_delivery(lane.ranges, offset)
             elif r < 0:
                 self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
                     meta.id, (offset,), cursor.mark_delete, cursor.acked))

@@ -28,7 +28,7 @@ from collections import deque
 
 import numpy as np
 
-from txmq._ackset import group_offsets
+from txmq._ackset import group_offsets, is_run
 from txmq._segment import SegmentClosedError
 from txmq.batcharrow import batch_arrays
 from txmq.dispatch.pending_acks import PendingAcks, open_pending_log
@@ -41,6 +41,11 @@ from txmq.storage.delivery import READ_COMMITTED, TRANSACTIONAL, read_limit
 from txmq.transactions.records import TxnID
 
 TYPES = ("exclusive", "shared", "failover")
+# A run of at least this many fresh messages is delivered as one range
+# (``_Lane.ranges``) rather than an entry per offset: its ack is then one
+# range too. Shorter ones keep per-offset entries, so a consumer holding
+# many single messages acks each in O(1).
+RANGE_DELIVERY_MIN = 16
 POSITIONS = ("latest", "earliest")
 
 
@@ -293,6 +298,14 @@ class Subscription:
 
     def _deliver(self, lane: _Lane, consumer, offsets: list, now: float) -> None:
         cid = consumer.id
+        if type(offsets) is range and len(offsets) >= RANGE_DELIVERY_MIN:
+            # A dense run is one batch delivery, as receive_batch makes, not
+            # an entry per offset.
+            start, end = offsets.start, offsets.stop
+            lane.ranges.append([start, end, cid])
+            if self.ack_timeout:
+                lane.deadlines.append((now + self.ack_timeout, None, start, end, cid))
+            return
         lane.outstanding.update(dict.fromkeys(offsets, cid))
         if self.ack_timeout:
             lane.deadlines.append((now + self.ack_timeout, list(offsets), 0, 0, cid))
@@ -527,14 +540,20 @@ class Subscription:
                 for off in [o for o in table if o < md]:
                     del table[off]
         if offsets:
-            n = len(lane.cursor.ack(offsets, sync))
-            pop = lane.outstanding.pop
-            for off in offsets:
-                pop(off, None)
+            if type(offsets) is list and len(offsets) > 1 and is_run(offsets):
+                # A delivery acked whole: one range, one cursor frame.
+                n = lane.cursor.ack_range(offsets[0], offsets[-1] + 1, sync)
+            else:
+                n = len(lane.cursor.ack(offsets, sync))
+            if lane.outstanding:
+                pop = lane.outstanding.pop
+                for off in offsets:
+                    pop(off, None)
             if lane.redelivery_count:
                 for off in offsets:
                     lane.redelivery_count.pop(off, None)
-        self._trim_ranges(lane)
+        if lane.ranges:
+            self._trim_ranges(lane)
         return n
 
     def _apply_ack_ranges(self, lane: _Lane, ranges: list, cumulative: int = -1, sync: bool = True) -> None:
