@@ -140,6 +140,16 @@ class Producer:
         :class:`~txmq.errors.InvalidTxnStateError` when ``txn`` is no longer
         open.
 
+        With ``txn`` (and no ``sequence``) the message joins this
+        producer's accumulating batch for the transaction and partition,
+        appended as one batch by size, after the broker's ``linger_ms``,
+        when an offset is asked for, on :meth:`flush`, or by the commit
+        (docs/API.md, "Sends inside a transaction are batched"); it returns
+        a :class:`~txmq._accumulator.PendingMessageId` whose ``offset``
+        appends the batch first. Everything a send can refuse by itself is
+        refused here; an append that fails raises at that flush (a commit
+        then aborts).
+
         ``sequence`` sends with an explicit sequence number (int32) for the
         target partition instead of the next one: resending a sequence that
         is among the partition's last 5 batches of this producer returns the

@@ -163,8 +163,17 @@ class Partition(SegmentLog):
                     txns.seen = True
                     added = txns.ongoing.add(txn_hi, txn_lo, self._segments[-1].next_offset, self.clock())
                 try:
-                    base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
-                                               base_sequence)
+                    # (_append_locked, inline for the active segment's common case)
+                    now = self.clock()
+                    if now < self.last_publish_time:
+                        now = self.last_publish_time
+                    base = self._segments[-1].append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                                     base_sequence, now)
+                    if base < 0:             # full: roll
+                        base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                                   base_sequence)
+                    else:
+                        self.last_publish_time = now
                 except BaseException:
                     if added:
                         self.txns.undo_begin(txn_hi, txn_lo)
@@ -172,11 +181,16 @@ class Partition(SegmentLog):
                 if producer_id >= 0:         # (ProducerState.record, inline)
                     self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                                      self.last_publish_time)
-                active = self._segments[-1]
+                segs = self._segments
+                active = segs[-1]
                 if active.size - self._checkpoint_pos >= segment_log.CHECKPOINT_BYTES:     # (_maybe_checkpoint, inline)
                     self._checkpoint()
+                    segs = self._segments
+                    active = segs[-1]
                 end = active.next_offset
-                self._publish(end)
+                txns = self.txns          # (_publish, inline)
+                self._readview.publish(RV_LIVE, segs[0].base_offset, end, txns.ongoing.max_read_position(end),
+                                       active.base_offset, active.size, txns.aborted.version)
         # A retry's answer waits for the sync too: the first send of that
         # batch may still be making it durable on another thread.
         if txn is None and (self._sync_always if sync is None else sync):
