@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from txmq._batch import Message
+from txmq._batch cimport Message
 from _debug cimport check_due
 from _bytes cimport load_i64, store_u32, store_i64
 from txmq._reader cimport Reader
@@ -360,49 +360,59 @@ def all_received(list messages):
     return True
 
 
-def is_run(list offsets):
-    """Whether ``offsets`` are consecutive ascending ints (a delivery acked
-    whole: one range)."""
-    cdef Py_ssize_t i, n = len(offsets)
-    cdef int64_t first
-    if n == 0:
-        return False
-    first = offsets[0]
-    for i in range(1, n):
-        if <int64_t>offsets[i] != first + i:
-            return False
-    return True
-
-
 def group_offsets(list message_ids):
-    """``{(topic, partition): [offset, ...]}`` of a list of ``(topic,
-    partition, offset)`` ids, or of objects with such a ``message_id``
-    (received Messages), in input order: the ack path's bookkeeping,
-    compiled."""
+    """``{(topic, partition): offsets}`` of a list of ``(topic, partition,
+    offset)`` ids or received Messages, in input order: the ack path's
+    bookkeeping, compiled. A partition's offsets are a ``range`` when they
+    are consecutive and ascending (a received run acked whole: no int per
+    offset), else a list."""
     cdef dict groups = {}
+    cdef dict runs = {}              # key -> [start, next] while the group is a run
     cdef list g = None
+    cdef list run = None
     cdef object last_topic = None, last_partition = None
     cdef Py_ssize_t i
+    cdef int64_t off
+    cdef Message m
     for i in range(len(message_ids)):
         mid = message_ids[i]
         if type(mid) is Message:
-            mid = mid.message_id
-        if PyTuple_Check(mid) and PyTuple_GET_SIZE(mid) == 3:
-            topic = <object>PyTuple_GET_ITEM(mid, 0)
-            partition = <object>PyTuple_GET_ITEM(mid, 1)
-            offset = <object>PyTuple_GET_ITEM(mid, 2)
+            m = <Message>mid
+            topic = m._topic
+            partition = m._partition
+            off = m.offset
+            offset = None
         else:
-            topic, partition, offset = mid[0], mid[1], mid[2]
-        if not PyLong_CheckExact(offset):
-            raise TypeError(f"offset {offset!r} is not an int")
-        if g is None or topic is not last_topic or (partition is not last_partition
-                                                      and partition != last_partition):
+            if PyTuple_Check(mid) and PyTuple_GET_SIZE(mid) == 3:
+                topic = <object>PyTuple_GET_ITEM(mid, 0)
+                partition = <object>PyTuple_GET_ITEM(mid, 1)
+                offset = <object>PyTuple_GET_ITEM(mid, 2)
+            else:
+                topic, partition, offset = mid[0], mid[1], mid[2]
+            if not PyLong_CheckExact(offset):
+                raise TypeError(f"offset {offset!r} is not an int")
+            off = offset
+        if (g is None and run is None) or topic is not last_topic or (
+                partition is not last_partition and partition != last_partition):
             key = (topic, partition)
+            run = runs.get(key)
             g = groups.get(key)
-            if g is None:
-                g = []
-                groups[key] = g
+            if g is None and run is None:
+                run = [off, off]
+                runs[key] = run
+                groups[key] = None
             last_topic = topic
             last_partition = partition
-        g.append(offset)
+        if run is not None:
+            if off == run[1]:
+                run[1] = off + 1
+                continue
+            # The run breaks: its offsets become a list from here on.
+            g = list(range(run[0], run[1]))
+            groups[(topic, partition)] = g
+            del runs[(topic, partition)]
+            run = None
+        g.append(offset if offset is not None else off)
+    for key, run in runs.items():
+        groups[key] = range(run[0], run[1])
     return groups

@@ -28,7 +28,7 @@ from collections import deque
 
 import numpy as np
 
-from txmq._ackset import group_offsets, is_run
+from txmq._ackset import group_offsets
 from txmq._segment import SegmentClosedError
 from txmq.batcharrow import batch_arrays
 from txmq.dispatch.pending_acks import PendingAcks, open_pending_log
@@ -504,8 +504,13 @@ class Subscription:
         checked = []
         for (topic, partition), offsets in groups.items():
             # Every offset lies in [min, max]: checking both ends checks all.
-            lane = self._lane_of(MessageId(topic, partition, max(offsets)))
-            self._lane_of(MessageId(topic, partition, min(offsets)))
+            if type(offsets) is range:          # a run (group_offsets)
+                lo, hi = offsets.start, offsets.stop - 1
+            else:
+                lo, hi = min(offsets), max(offsets)
+            lane = self._lane_of(MessageId(topic, partition, hi))
+            if lo != hi:
+                self._lane_of(MessageId(topic, partition, lo))
             checked.append((lane, offsets))
         return checked
 
@@ -540,9 +545,9 @@ class Subscription:
                 for off in [o for o in table if o < md]:
                     del table[off]
         if offsets:
-            if type(offsets) is list and len(offsets) > 1 and is_run(offsets):
+            if type(offsets) is range:
                 # A delivery acked whole: one range, one cursor frame.
-                n = lane.cursor.ack_range(offsets[0], offsets[-1] + 1, sync)
+                n = lane.cursor.ack_range(offsets.start, offsets.stop, sync)
             else:
                 n = len(lane.cursor.ack(offsets, sync))
             if lane.outstanding:
