@@ -269,3 +269,19 @@ def test_close_appends_what_an_open_transaction_accumulated(tmp_path):
         assert b.stats()["transactions"]["recovered"]["aborted"] == 1
         c = b.subscribe("t", "s", isolation="read_uncommitted", initial_position="earliest")
         assert [m.value for m in drain(c)] == [b"open"]
+
+
+def test_a_named_producer_fenced_before_the_commit_fails_it(broker):
+    """The fence is checked again when the batch is appended: the commit of
+    a transaction whose batch a fenced instance accumulated aborts."""
+    broker.create_topic("t", 1)
+    old = broker.producer("t", name="svc")
+    txn = broker.new_transaction()
+    old.send(b"zombie", partition=0, txn=txn)
+    new = broker.producer("t", name="svc")            # fences old
+    with pytest.raises(ProducerFencedError):
+        old.send(b"more", partition=0, txn=txn)
+    with pytest.raises(ProducerFencedError):
+        txn.commit()
+    assert txn.state == "ABORTED" and batches(broker) == []
+    assert new.send(b"fresh", partition=0).offset == 0
