@@ -691,6 +691,62 @@ cdef class PendingAckTable:
             self._debug_changed()
         return new
 
+    def conflict_range(self, txn, int64_t start, int64_t end, int64_t mark_delete, acked):
+        """:meth:`conflict_individual` of the offsets [start, end), by
+        ranges: the same answer (its lowest conflicting offset)."""
+        cdef int64_t o, a, b
+        if end <= start:
+            return None
+        if start < mark_delete:
+            return (start, "already acknowledged", None)
+        found = []                   # (offset, rank as conflict_individual checks them, answer)
+        if len(acked):
+            r = acked.next_acked(start)
+            if r is not None and r[0] < end:
+                o = max(r[0], start)
+                found.append((o, 0, (o, "already acknowledged", None)))
+        if self.n_held:
+            mine = self.sets.get(txn)
+            r = self.held.next_acked(start)
+            while r is not None and r[0] < end:
+                a = max(r[0], start)
+                b = min(r[1], end)
+                if mine is None or mine.count_in(a, b) != b - a:
+                    for o in range(a, b):
+                        if mine is None or not mine.contains(o):
+                            found.append((o, 1, (o, "pending in another transaction", self.owner_of(o))))
+                            break
+                    break
+                if r[1] >= end:
+                    break
+                r = self.held.next_acked(r[1])
+        for t, c in self.cumulative.items():
+            if t != txn and start <= c:
+                found.append((start, 2, (start, "covered by another transaction's cumulative ack", t)))
+                break
+        if not found:
+            return None
+        return min(found, key=lambda f: (f[0], f[1]))[2]
+
+    def add_range(self, txn, int64_t start, int64_t end):
+        """Hold [start, end) in ``txn`` (checked by :meth:`conflict_range`:
+        any offset of it already held is ``txn``'s); return how many were new."""
+        if end <= start:
+            return 0
+        held = self.held
+        if self.n_held and held.count_in(start, end):
+            new = [o for o in range(start, end) if not held.contains(o)]
+        else:
+            new = range(start, end)
+        s = self._set_of(txn, True)
+        s.add_range(start, end)
+        cdef Py_ssize_t n = held.add_range(start, end)
+        self.last_unlogged.extend(new)
+        self.n_held += n
+        if DEBUG:
+            self._debug_changed()
+        return n
+
     def add_cumulative(self, txn, int64_t offset):
         if offset > self.cumulative.get(txn, -1):
             self.cumulative[txn] = offset

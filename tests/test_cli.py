@@ -42,7 +42,7 @@ def data(tmp_path):
     committed and an aborted transaction on partition 0), topic ``empty``,
     and subscription ``billing`` on orders that acknowledged 5 messages."""
     path = str(tmp_path / "data")
-    with txmq.Broker(path, fsync="never") as b:
+    with txmq.Broker(path, fsync="never", linger_ms=0) as b:     # (the aborted send is in the log)
         b.create_topic("orders", partitions=3)
         b.create_topic("empty")
         p = b.producer("orders")

@@ -313,3 +313,34 @@ def test_pending_table_one_at_a_time_against_a_model(ops):
         assert all(t.owner_of(o) == x for o, x in owner.items())
         assert len(t) == len(owner)
     t.check_invariants()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["range", "one", "cumulative", "take"]), st.integers(0, 2),
+                          st.integers(0, 40), st.integers(0, 8)), max_size=50),
+       st.integers(0, 5), st.lists(st.integers(0, 48), max_size=4))
+def test_pending_table_by_ranges_agrees_with_offsets(ops, mark_delete, acked_offsets):
+    """conflict_range / add_range, the path of a received run, answer as
+    conflict_individual / add over the same offsets one by one."""
+    acked = FakeAcked(acked_offsets)
+    acked.next_acked = lambda x: next(((o, o + 1) for o in sorted(acked.offs) if o >= x), None)
+    by_range, by_offset = T.PendingAckTable(), T.PendingAckTable()
+    for op, txn, start, n in ops:
+        if op == "range":
+            want = by_offset.conflict_individual(txn, range(start, start + n), mark_delete, acked)
+            assert by_range.conflict_range(txn, start, start + n, mark_delete, acked) == want
+            if want is None:
+                assert by_range.add_range(txn, start, start + n) == len(by_offset.add(txn, range(start, start + n)))
+        elif op == "one":
+            assert by_range.add_one(txn, start, mark_delete, acked) == by_offset.add_one(txn, start, mark_delete, acked)
+        elif op == "cumulative":
+            by_range.add_cumulative(txn, start)
+            by_offset.add_cumulative(txn, start)
+        else:
+            assert by_range.take(txn) == by_offset.take(txn)
+        for t in range(3):
+            assert by_range.ranges_of(t) == by_offset.ranges_of(t)
+            got = by_range.take_unlogged(t)
+            want = by_offset.take_unlogged(t)
+            assert sorted(got.tolist() if got is not None else []) == sorted(want.tolist() if want is not None else [])
+    by_range.check_invariants()

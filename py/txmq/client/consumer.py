@@ -127,11 +127,12 @@ class Consumer:
                 return
             partition = int(md[b"partition"])
             offsets = messages.column("offset").to_numpy()
-            if txn is not None:
-                self._sub.pending_acks.ack_range_txn(meta_of(txn, self._broker), partition,
-                                                     sorted(offsets.tolist()))
-                return
             first, last = int(offsets[0]), int(offsets[-1])
+            if txn is not None:
+                dense = last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all()))
+                self._sub.pending_acks.ack_range_txn(meta_of(txn, self._broker), partition,
+                                                     range(first, last + 1) if dense else sorted(offsets.tolist()))
+                return
             if last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all())):
                 self._sub.ack_range(partition, first, last + 1)
             else:  # redelivered messages are scattered

@@ -77,8 +77,9 @@ class PendingAcks:
         sub = self.subscription
         return self._ack_txn_lanes(meta, sub._lanes_of(message_ids))
 
-    def ack_range_txn(self, meta, partition: int, offsets: list) -> int:
-        """:meth:`ack_txn` of sorted offsets of one partition (Arrow batches)."""
+    def ack_range_txn(self, meta, partition: int, offsets) -> int:
+        """:meth:`ack_txn` of sorted offsets (a list, or a range) of one
+        partition (Arrow batches)."""
         sub = self.subscription
         lane = sub._lane_of(MessageId(self.topic.name, partition, offsets[-1]))
         sub._lane_of(MessageId(self.topic.name, partition, offsets[0]))
@@ -94,10 +95,21 @@ class PendingAcks:
         with sub.cond:
             meta.check_open("acknowledge")
             for lane, offsets in checked:
-                self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
-                    meta.id, offsets, lane.cursor.mark_delete, lane.cursor.acked))
+                if type(offsets) is range:        # a received run (group_offsets, Arrow batches)
+                    conflict = lane.pending.conflict_range(meta.id, offsets.start, offsets.stop,
+                                                           lane.cursor.mark_delete, lane.cursor.acked)
+                else:
+                    conflict = lane.pending.conflict_individual(meta.id, offsets, lane.cursor.mark_delete,
+                                                                lane.cursor.acked)
+                self._refuse_conflict(meta, lane, conflict)
             for lane, offsets in checked:
                 # Logged once per transaction and lane, before its decision (write_txn).
+                if type(offsets) is range:
+                    k = lane.pending.add_range(meta.id, offsets.start, offsets.stop)
+                    if k:
+                        sub._hold_span(lane, offsets.start, offsets.stop)
+                    n += k
+                    continue
                 new = lane.pending.add(meta.id, offsets)
                 if not new:
                     continue

@@ -642,6 +642,24 @@ class Subscription:
         if missing and lane.ranges:
             _cut_from_ranges(lane, sorted(missing))
 
+    def _hold_span(self, lane: _Lane, start: int, end: int) -> None:
+        """:meth:`_hold` of the offsets [start, end)."""
+        if lane.outstanding:
+            pop = lane.outstanding.pop
+            for off in range(start, end):
+                pop(off, None)
+        if lane.ranges:
+            out = []
+            for s, e, cid in lane.ranges:
+                if e <= start or s >= end:
+                    out.append([s, e, cid])
+                    continue
+                if s < start:
+                    out.append([s, start, cid])
+                if e > end:
+                    out.append([end, e, cid])
+            lane.ranges = out
+
     # -- seeking -----------------------------------------------------------------
 
     def seek(self, partition: int | None, where) -> None:
