@@ -17,8 +17,8 @@ redelivery) belongs to :mod:`txmq.dispatch.subscription`, which it asks.
 
 from __future__ import annotations
 
+import heapq
 import struct
-import time
 
 from txmq._ackset import cut_delivery
 from txmq._redolog import RedoLog
@@ -215,7 +215,6 @@ class PendingAcks:
         abort the messages become deliverable again with redelivery count
         + 1. Ending twice changes nothing."""
         sub = self.subscription
-        now = time.monotonic()
         frame = pack_txn(*txn_id.words)
         with sub.lock:
             for lane in sub.lanes:
@@ -243,10 +242,15 @@ class PendingAcks:
                     # Offsets still waiting in the read buffer go out from there.
                     read_up_to = (lane.buffer[lane.buf_i].offset if lane.buf_i < len(lane.buffer)
                                   else lane.read_offset)
+                    # (settled() and _queue_redelivery(), inline: an abort
+                    # makes every offset it held deliverable again at once)
+                    md, acked, pending = lane.cursor.mark_delete, lane.cursor.acked, lane.pending
+                    counts, outstanding, redeliver = lane.redelivery_count, lane.outstanding, lane.redeliver
                     for off in sorted(again):
-                        if (off < read_up_to and not lane.settled(off)
-                                and off not in lane.outstanding):
-                            sub._queue_redelivery(lane, off, now)
+                        if (off < read_up_to and off >= md and not acked.contains(off)
+                                and not (len(pending) and pending.is_pending(off)) and off not in outstanding):
+                            counts[off] = counts.get(off, 0) + 1
+                            heapq.heappush(redeliver, (0.0, off))
                 if commit:
                     lane.unsynced_commits.append(frame)
                 else:
