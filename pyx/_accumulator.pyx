@@ -55,6 +55,7 @@ cdef class SendAccumulator:
     cdef list values, keys, headers, times
     cdef bint any_key, any_headers, any_time
     cdef list bases                   # base offset of each appended batch, in order
+    cdef Py_ssize_t taken             # batches taken (the open one's number); appended in this order
 
     def __init__(self, partition, meta, producer, lock, flush_cb, Py_ssize_t batch_bytes,
                  Py_ssize_t max_message_bytes):
@@ -155,7 +156,7 @@ cdef class SendAccumulator:
         self.nbytes += encoded
         cdef PendingMessageId mid = PendingMessageId.__new__(PendingMessageId)
         mid.acc = self
-        mid.batch = len(self.bases)
+        mid.batch = self.taken
         mid.index = i
         mid.offset_ = -1
         return mid
@@ -166,16 +167,20 @@ cdef class SendAccumulator:
         after appending it."""
         if self.count == 0:
             return None
-        times = self.times
-        if self.any_time:
+        # The open batch is swapped out before anything that may run Python
+        # code (and so let another thread's add() in): a message added from
+        # here on belongs to the next batch, as its id says.
+        values, keys, headers, times = self.values, self.keys, self.headers, self.times
+        any_time, t_min, t_max = self.any_time, self.t_min, self.t_max
+        self._reset()
+        self.taken += 1
+        if any_time:
             # A message sent without an event time takes the batch's send
             # time, as the publish time stands in for it in a batch with none.
             # (Kept within the span of the given ones: deltas are int32.)
-            now = min(max(time.time_ns() // 1_000_000, self.t_max - SPAN_MAX), self.t_min + SPAN_MAX)
+            now = min(max(time.time_ns() // 1_000_000, t_max - SPAN_MAX), t_min + SPAN_MAX)
             times = [now if t is None else t for t in times]
-        spec = BatchSpec(self.values, self.keys, self.headers, times)
-        self._reset()
-        return spec
+        return BatchSpec(values, keys, headers, times)
 
     def flushed(self, int64_t base):
         """The batch :meth:`take` gave was appended at ``base``."""

@@ -285,3 +285,23 @@ def test_a_named_producer_fenced_before_the_commit_fails_it(broker):
         txn.commit()
     assert txn.state == "ABORTED" and batches(broker) == []
     assert new.send(b"fresh", partition=0).offset == 0
+
+
+def test_ids_stay_exact_while_the_timer_flushes_concurrently(tmp_path):
+    """The broker's timer appends batches while the sender keeps adding:
+    every id names its own message, in send order."""
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=1, batch_bytes=4096) as b:
+        b.create_topic("t", 1)
+        p = b.producer("t")
+        txn = b.new_transaction()
+        mids = []
+        for i in range(20_000):
+            mids.append((p.send(b"%d" % i, partition=0, txn=txn, headers={"i": b"%d" % i} if i % 7 == 0 else None), i))
+            if i % 2000 == 0:
+                time.sleep(0.012)          # let the timer in mid-batch
+        txn.commit()
+        assert len(batches(b)) > 2
+        c = b.subscribe("t", "s", initial_position="earliest")
+        got = {m.offset: m.value for m in drain(c)}
+        assert [got[mid.offset] for mid, _ in mids] == [b"%d" % i for _, i in mids]
+        assert [mid.offset for mid, _ in mids] == sorted(mid.offset for mid, _ in mids)
