@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from txmq._batch cimport Message
 from _debug cimport check_due
 from _bytes cimport load_i64, store_u32, store_i64
 from txmq._reader cimport Reader
@@ -152,6 +153,44 @@ cdef class AckSet:
         if DEBUG:
             self._debug_changed()
         return True
+
+    def remove_range(self, int64_t start, int64_t end):
+        """Remove [start, end); return how many offsets were in the set."""
+        cdef Py_ssize_t i, j, k, keep_left, keep_right
+        cdef int64_t removed = 0, left_end, right_start
+        if end <= start or self.n == 0:
+            return 0
+        i = self._find(start)
+        if i < 0 or self.e[i] <= start:
+            i += 1
+        j = self._find(end - 1) + 1      # ranges i..j-1 overlap [start, end)
+        if j <= i:
+            return 0
+        for k in range(i, j):
+            removed += min(self.e[k], end) - max(self.s[k], start)
+        keep_left = self.s[i] < start
+        keep_right = self.e[j - 1] > end
+        left_end = start
+        right_start = end
+        cdef int64_t first_start = self.s[i], last_end = self.e[j - 1]
+        cdef Py_ssize_t new_count = keep_left + keep_right
+        if new_count > j - i and self.n == self.cap:
+            self._alloc(2 * self.cap)
+        # The ranges i..j-1 become the pieces kept on either side.
+        memmove(self.s + i + new_count, self.s + j, (self.n - j) * 8)
+        memmove(self.e + i + new_count, self.e + j, (self.n - j) * 8)
+        k = i
+        if keep_left:
+            self.s[k] = first_start
+            self.e[k] = left_end
+            k += 1
+        if keep_right:
+            self.s[k] = right_start
+            self.e[k] = last_end
+        self.n += new_count - (j - i)
+        if DEBUG:
+            self._debug_changed()
+        return removed
 
     def first_unacked(self, int64_t from_offset):
         """The smallest offset >= ``from_offset`` that is not in the set."""
@@ -286,32 +325,94 @@ def add_many(AckSet acks, offsets):
     return added
 
 
+def cut_delivery(list ranges, int64_t offset):
+    """Take ``offset`` out of the batch deliveries ``[[start, end,
+    consumer id], ...]`` holding it (a subscription's lane), splitting the
+    one it lies in; False when none held it. The per-message transactional
+    ack's step, compiled (a subscription's ``_cut_from_ranges`` does it for
+    many offsets)."""
+    cdef Py_ssize_t i
+    cdef list r
+    cdef int64_t s, e
+    for i in range(len(ranges)):
+        r = ranges[i]
+        s = r[0]
+        e = r[1]
+        if s <= offset < e:
+            if e - s == 1:
+                del ranges[i]
+            elif offset == s:
+                r[0] = offset + 1
+            elif offset == e - 1:
+                r[1] = offset
+            else:
+                ranges.insert(i + 1, [offset + 1, e, r[2]])
+                r[1] = offset
+            return True
+    return False
+
+
+def all_received(list messages):
+    """Whether every item is a received Message (an ack's common case)."""
+    for m in messages:
+        if type(m) is not Message:
+            return False
+    return True
+
+
 def group_offsets(list message_ids):
-    """``{(topic, partition): [offset, ...]}`` of a list of ``(topic,
-    partition, offset)`` ids, in input order: the ack path's bookkeeping,
-    compiled."""
+    """``{(topic, partition): offsets}`` of a list of ``(topic, partition,
+    offset)`` ids or received Messages, in input order: the ack path's
+    bookkeeping, compiled. A partition's offsets are a ``range`` when they
+    are consecutive and ascending (a received run acked whole: no int per
+    offset), else a list."""
     cdef dict groups = {}
+    cdef dict runs = {}              # key -> [start, next] while the group is a run
     cdef list g = None
+    cdef list run = None
     cdef object last_topic = None, last_partition = None
     cdef Py_ssize_t i
+    cdef int64_t off
+    cdef Message m
     for i in range(len(message_ids)):
         mid = message_ids[i]
-        if PyTuple_Check(mid) and PyTuple_GET_SIZE(mid) == 3:
-            topic = <object>PyTuple_GET_ITEM(mid, 0)
-            partition = <object>PyTuple_GET_ITEM(mid, 1)
-            offset = <object>PyTuple_GET_ITEM(mid, 2)
+        if type(mid) is Message:
+            m = <Message>mid
+            topic = m._topic
+            partition = m._partition
+            off = m.offset
+            offset = None
         else:
-            topic, partition, offset = mid[0], mid[1], mid[2]
-        if not PyLong_CheckExact(offset):
-            raise TypeError(f"offset {offset!r} is not an int")
-        if g is None or topic is not last_topic or (partition is not last_partition
-                                                      and partition != last_partition):
+            if PyTuple_Check(mid) and PyTuple_GET_SIZE(mid) == 3:
+                topic = <object>PyTuple_GET_ITEM(mid, 0)
+                partition = <object>PyTuple_GET_ITEM(mid, 1)
+                offset = <object>PyTuple_GET_ITEM(mid, 2)
+            else:
+                topic, partition, offset = mid[0], mid[1], mid[2]
+            if not PyLong_CheckExact(offset):
+                raise TypeError(f"offset {offset!r} is not an int")
+            off = offset
+        if (g is None and run is None) or topic is not last_topic or (
+                partition is not last_partition and partition != last_partition):
             key = (topic, partition)
+            run = runs.get(key)
             g = groups.get(key)
-            if g is None:
-                g = []
-                groups[key] = g
+            if g is None and run is None:
+                run = [off, off]
+                runs[key] = run
+                groups[key] = None
             last_topic = topic
             last_partition = partition
-        g.append(offset)
+        if run is not None:
+            if off == run[1]:
+                run[1] = off + 1
+                continue
+            # The run breaks: its offsets become a list from here on.
+            g = list(range(run[0], run[1]))
+            groups[(topic, partition)] = g
+            del runs[(topic, partition)]
+            run = None
+        g.append(offset if offset is not None else off)
+    for key, run in runs.items():
+        groups[key] = range(run[0], run[1])
     return groups

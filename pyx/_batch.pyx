@@ -667,12 +667,12 @@ cdef class Message:
     ``properties`` the same as a dict of str, for Pulsar-style use;
     ``message_id`` is ``(topic, partition, offset)``; times are milliseconds
     since the epoch; ``txn_id`` is None outside transactions.
+
+    The ``message_id`` tuple is built when it is first read: a message
+    received and acknowledged whole (``ack(list)`` reads the fields in
+    compiled code) never needs one.
     """
-    cdef public object value, key, message_id, txn_id
-    cdef object _headers
-    cdef readonly int64_t offset
-    cdef public int64_t event_time, publish_time
-    cdef public int redelivery_count
+    # (the fields are declared in pyx/txmq/_batch.pxd, for the ack path)
 
     def __init__(self, value, key, headers, message_id, int64_t event_time, int64_t publish_time,
                  int redelivery_count=0, txn_id=None):
@@ -680,11 +680,24 @@ cdef class Message:
         self.key = key
         self._headers = headers or None
         self.message_id = message_id
-        self.offset = message_id[2]
         self.event_time = event_time
         self.publish_time = publish_time
         self.redelivery_count = redelivery_count
         self.txn_id = txn_id
+
+    @property
+    def message_id(self):
+        if self._mid is None:
+            self._mid = _tuple_new(self._id_type, (self._topic, self._partition, self.offset))
+        return self._mid
+
+    @message_id.setter
+    def message_id(self, mid):
+        self._mid = mid
+        self._topic = mid[0]
+        self._partition = mid[1]
+        self.offset = mid[2]
+        self._id_type = type(mid)
 
     @property
     def headers(self):
@@ -698,11 +711,11 @@ cdef class Message:
 
     @property
     def topic(self):
-        return self.message_id[0]
+        return self._topic
 
     @property
     def partition(self):
-        return self.message_id[1]
+        return self._partition
 
     def __reduce__(self):
         return (Message, (self.value, self.key, self._headers, self.message_id, self.event_time,
@@ -924,7 +937,9 @@ cdef list decode_batch(const char *p, Sections s, object path, Py_ssize_t pos, i
         m.value = value
         m.key = key
         m._headers = headers
-        m.message_id = _tuple_new(id_type, (topic, partition, base + i))
+        m._topic = topic
+        m._partition = partition
+        m._id_type = id_type
         m.offset = base + i
         m.event_time = first_et + load_i32(p + s.event_deltas + 4 * i)
         m.publish_time = publish_time

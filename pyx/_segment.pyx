@@ -58,6 +58,7 @@ from posix.uio cimport iovec, pwritev
 from posix.unistd cimport close as c_close
 
 import os
+import time
 
 import numpy as np
 
@@ -109,6 +110,28 @@ cdef ssize_t _pwritev_all(int fd, iovec *iov, Py_ssize_t n, Py_ssize_t pos) noex
             iov[0].iov_base = <char *>iov[0].iov_base + r
             iov[0].iov_len -= r
     return 0
+
+
+def now_ms():
+    """Wall-clock milliseconds since the epoch: the default clock of a
+    partition, which stamps publish times with it (compiled: every append
+    reads it)."""
+    return time.time_ns() // 1_000_000
+
+
+cdef Py_ssize_t _last_at_or_below(object column, Py_ssize_t n, int64_t x) except -2:
+    """The index of the last of the first ``n`` entries of a sorted int64
+    column that is <= ``x``, or -1 (a binary search, no Python call: every
+    read of a message locates its batch through it)."""
+    cdef const int64_t[::1] a = column
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
 
 
 cdef class Segment:
@@ -685,25 +708,14 @@ cdef class Segment:
     cdef Py_ssize_t _locate(self, int64_t offset) except -2:
         """Position of the batch holding ``offset`` (or the first batch after
         it); -1 when ``offset`` is at or past this segment's end."""
-        cdef Py_ssize_t pos = 0, i, lo, hi, mid
+        cdef Py_ssize_t pos = 0, i
         cdef const char *p
         cdef int64_t base, expected = self.base_offset
-        cdef const int64_t[::1] offs
         if offset >= self.next_offset or self.size == 0:
             return -1
         p = self.mapping.base
         if self.idx_n:
-            # The last entry at or below ``offset`` (a binary search in C:
-            # numpy's searchsorted costs Python frames on every lookup).
-            offs = self.idx_off
-            lo, hi = 0, self.idx_n
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if offs[mid] <= offset:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            i = lo - 1
+            i = _last_at_or_below(self.idx_off, self.idx_n, offset)
             if i >= 0:
                 pos = self.idx_pos[i]
                 expected = self.idx_off[i]

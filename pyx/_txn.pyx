@@ -505,46 +505,59 @@ cdef class AbortSet:
 
 # -- pending acknowledgements --------------------------------------------------------
 
+cdef int64_t _NO_OFFSET = -(1 << 62)
+
+
 cdef class PendingAckTable:
     """Acks held by open transactions on one subscription partition.
 
     ``txn`` keys are opaque hashable objects (the broker passes TxnIDs).
-    Conflict checks return ``(offset, reason, other txn)`` or None and
-    change nothing; the caller then records with :meth:`add` /
-    :meth:`add_cumulative` after the ack is in the pending-ack log.
+    Each transaction's individually acked offsets are an ``AckSet`` of
+    ranges, and ``held`` is their union, so a conflict check is a binary
+    search and a transaction's acks are a few ranges however many messages
+    it acked. Conflict checks return ``(offset, reason, other txn)`` or None
+    and change nothing; :meth:`add_one` checks and records one offset in a
+    single call (the per-message ``ack(m, txn=)`` path).
+
+    Offsets recorded since the caller last took them (:meth:`take_unlogged`)
+    are *unlogged*: held in memory, not yet in the pending-ack log. The
+    caller frames them once per transaction, before its decision.
     """
     cdef Py_ssize_t debug_changes, debug_next     # changes seen by the debug checks; the next checked
-    cdef dict owner          # offset -> txn (individual acks)
-    cdef dict indiv          # txn -> list of offsets
+    cdef dict sets           # txn -> AckSet of its individual acks
     cdef dict cumulative     # txn -> offset (everything at or below it)
-    cdef dict low            # txn -> lowest individual offset
+    cdef dict unlogged       # txn -> [offset, ...] recorded, not yet taken for the log
     cdef object held         # AckSet of every individual offset held
+    cdef Py_ssize_t n_held   # offsets in ``held``
+    cdef object last_txn     # a one-entry cache of sets: the transaction acking now ...
+    cdef object last_set     # ... and its AckSet
+    cdef list last_unlogged  # ... and its unlogged list
 
     def __cinit__(self):
         self.held = AckSet()
-        self.owner = {}
-        self.indiv = {}
+        self.sets = {}
         self.cumulative = {}
-        self.low = {}
+        self.unlogged = {}
 
     def __len__(self):
-        return len(self.owner) + len(self.cumulative)
+        return self.n_held + len(self.cumulative)
 
     def txns(self):
-        return set(self.indiv) | set(self.cumulative)
+        return set(self.sets) | set(self.cumulative)
 
     def owner_of(self, int64_t offset):
         """The transaction holding ``offset``, or None."""
-        t = self.owner.get(offset)
-        if t is not None:
-            return t
+        if self.n_held and self.held.contains(offset):
+            for t, s in self.sets.items():
+                if s.contains(offset):
+                    return t
         for t, c in self.cumulative.items():
             if offset <= c:
                 return t
         return None
 
     def is_pending(self, int64_t offset):
-        if offset in self.owner:
+        if self.n_held and self.held.contains(offset):
             return True
         for c in self.cumulative.values():
             if offset <= c:
@@ -557,6 +570,8 @@ cdef class PendingAckTable:
         for c in self.cumulative.values():
             if c >= start:
                 return start
+        if not self.n_held:
+            return -1
         r = self.held.next_acked(start)
         if r is None:
             return -1
@@ -566,13 +581,11 @@ cdef class PendingAckTable:
         """The first of ``offsets`` an open transaction holds, as
         ``(offset, txn)``, or None: what a plain ack must not touch."""
         cdef int64_t o
-        cdef dict owner = self.owner
         cums = list(self.cumulative.items())
+        contains = self.held.contains
         for o in offsets:
-            if owner:
-                t = owner.get(o)
-                if t is not None:
-                    return (o, t)
+            if self.n_held and contains(o):
+                return (o, self.owner_of(o))
             for t, c in cums:
                 if o <= c:
                     return (o, t)
@@ -590,15 +603,14 @@ cdef class PendingAckTable:
         """Why acking ``offsets`` in ``txn`` conflicts, or None."""
         cdef int64_t o
         cdef bint check_acked = len(acked) > 0
-        cdef dict owner = self.owner
+        mine = self.sets.get(txn)
+        contains = self.held.contains
         others = [(t, c) for t, c in self.cumulative.items() if t != txn]
         for o in offsets:
             if o < mark_delete or (check_acked and acked.contains(o)):
                 return (o, "already acknowledged", None)
-            if owner:
-                t = owner.get(o)
-                if t is not None and t != txn:
-                    return (o, "pending in another transaction", t)
+            if self.n_held and contains(o) and (mine is None or not mine.contains(o)):
+                return (o, "pending in another transaction", self.owner_of(o))
             for t, c in others:
                 if o <= c:
                     return (o, "covered by another transaction's cumulative ack", t)
@@ -608,36 +620,133 @@ cdef class PendingAckTable:
         """Why a cumulative ack at ``offset`` in ``txn`` conflicts, or None."""
         if offset < mark_delete:
             return (offset, "already acknowledged", None)
-        for t, lowest in self.low.items():
-            if t != txn and lowest <= offset:
-                return (lowest, "pending in another transaction", t)
+        for t, s in self.sets.items():
+            if t != txn:
+                first = s.next_acked(_NO_OFFSET)
+                if first is not None and first[0] <= offset:
+                    return (first[0], "pending in another transaction", t)
         for t in self.cumulative:
             if t != txn:
                 return (self.cumulative[t], "another transaction holds a cumulative ack", t)
         return None
 
+    cdef object _set_of(self, txn, bint create):
+        """The AckSet of ``txn`` (created when ``create``), or None."""
+        if txn is self.last_txn:
+            return self.last_set
+        s = self.sets.get(txn)
+        if s is None:
+            if not create:
+                return None
+            s = self.sets[txn] = AckSet()
+        u = self.unlogged.get(txn)
+        if u is None:
+            u = self.unlogged[txn] = []
+        self.last_txn, self.last_set, self.last_unlogged = txn, s, u
+        return s
+
+    cpdef int add_one(self, txn, int64_t offset, int64_t mark_delete, acked) except -2:
+        """Check and record one individual ack of ``offset`` in ``txn``: 1
+        when it is newly held, 0 when ``txn`` held it already, -1 on a
+        conflict (nothing changed; :meth:`conflict_individual` says why)."""
+        if offset < mark_delete:
+            return -1
+        if self.cumulative:
+            for t, c in self.cumulative.items():
+                if t != txn and offset <= c:
+                    return -1
+        if self.n_held and self.held.contains(offset):
+            s = self._set_of(txn, False)
+            return 0 if s is not None and s.contains(offset) else -1
+        if acked is not None and len(acked) and acked.contains(offset):
+            return -1
+        s = self._set_of(txn, True)
+        s.add_range(offset, offset + 1)
+        self.held.add_range(offset, offset + 1)
+        self.last_unlogged.append(offset)
+        self.n_held += 1
+        if DEBUG:
+            self._debug_changed()
+        return 1
+
     def add(self, txn, offsets):
-        """Hold ``offsets`` in ``txn``; return those that were new to it."""
+        """Hold ``offsets`` in ``txn``; return those that were new to it
+        (held by no transaction before)."""
         cdef int64_t o
         new = []
-        mine = self.indiv.get(txn)
-        if mine is None:
-            mine = self.indiv[txn] = []
+        contains = self.held.contains
+        seen = set()
         for o in offsets:
-            if o not in self.owner:
-                self.owner[o] = txn
-                mine.append(o)
-                new.append(o)
+            if (self.n_held and contains(o)) or o in seen:
+                continue
+            seen.add(o)
+            new.append(o)
         if new:
-            m = min(new)
-            if txn not in self.low or m < self.low[txn]:
-                self.low[txn] = m
-            add_many(self.held, np.asarray(new, np.int64))
-        elif not mine:
-            del self.indiv[txn]
+            arr = np.asarray(new, np.int64)
+            s = self._set_of(txn, True)
+            add_many(s, arr)
+            add_many(self.held, arr)
+            self.last_unlogged.extend(new)
+            self.n_held += len(new)
         if DEBUG:
             self._debug_changed()
         return new
+
+    def conflict_range(self, txn, int64_t start, int64_t end, int64_t mark_delete, acked):
+        """:meth:`conflict_individual` of the offsets [start, end), by
+        ranges: the same answer (its lowest conflicting offset)."""
+        cdef int64_t o, a, b
+        if end <= start:
+            return None
+        if start < mark_delete:
+            return (start, "already acknowledged", None)
+        found = []                   # (offset, rank as conflict_individual checks them, answer)
+        if len(acked):
+            r = acked.next_acked(start)
+            if r is not None and r[0] < end:
+                o = max(r[0], start)
+                found.append((o, 0, (o, "already acknowledged", None)))
+        if self.n_held:
+            mine = self.sets.get(txn)
+            r = self.held.next_acked(start)
+            while r is not None and r[0] < end:
+                a = max(r[0], start)
+                b = min(r[1], end)
+                if mine is None or mine.count_in(a, b) != b - a:
+                    for o in range(a, b):
+                        if mine is None or not mine.contains(o):
+                            found.append((o, 1, (o, "pending in another transaction", self.owner_of(o))))
+                            break
+                    break
+                if r[1] >= end:
+                    break
+                r = self.held.next_acked(r[1])
+        for t, c in self.cumulative.items():
+            if t != txn and start <= c:
+                found.append((start, 2, (start, "covered by another transaction's cumulative ack", t)))
+                break
+        if not found:
+            return None
+        return min(found, key=lambda f: (f[0], f[1]))[2]
+
+    def add_range(self, txn, int64_t start, int64_t end):
+        """Hold [start, end) in ``txn`` (checked by :meth:`conflict_range`:
+        any offset of it already held is ``txn``'s); return how many were new."""
+        if end <= start:
+            return 0
+        held = self.held
+        if self.n_held and held.count_in(start, end):
+            new = [o for o in range(start, end) if not held.contains(o)]
+        else:
+            new = range(start, end)
+        s = self._set_of(txn, True)
+        s.add_range(start, end)
+        cdef Py_ssize_t n = held.add_range(start, end)
+        self.last_unlogged.extend(new)
+        self.n_held += n
+        if DEBUG:
+            self._debug_changed()
+        return n
 
     def add_cumulative(self, txn, int64_t offset):
         if offset > self.cumulative.get(txn, -1):
@@ -645,53 +754,90 @@ cdef class PendingAckTable:
         if DEBUG:
             self._debug_changed()
 
+    def ranges_of(self, txn):
+        """``[(start, end)]`` of the offsets ``txn`` acked individually here."""
+        s = self.sets.get(txn)
+        return [] if s is None else s.ranges()
+
+    def peek_cumulative(self, txn):
+        """The cumulative ack ``txn`` holds here, or -1."""
+        return self.cumulative.get(txn, -1)
+
     def peek(self, txn):
         """(individual offsets, cumulative offset or -1) of ``txn``, kept."""
-        return list(self.indiv.get(txn, ())), self.cumulative.get(txn, -1)
+        return _expand(self.ranges_of(txn)), self.cumulative.get(txn, -1)
 
     def take(self, txn):
         """Remove and return (individual offsets, cumulative offset or -1) of ``txn``."""
-        offs = self.indiv.pop(txn, [])
-        remove = self.held.remove
-        for o in offs:
-            del self.owner[o]
-            remove(o)
-        self.low.pop(txn, None)
-        result = (offs, self.cumulative.pop(txn, -1))
+        ranges = self.ranges_of(txn)
+        s = self.sets.pop(txn, None)
+        self.unlogged.pop(txn, None)
+        if txn is self.last_txn or txn == self.last_txn:
+            self.last_txn = self.last_set = self.last_unlogged = None
+        if s is not None:
+            remove = self.held.remove_range
+            for a, b in ranges:
+                self.n_held -= remove(a, b)
+        result = (_expand(ranges), self.cumulative.pop(txn, -1))
         if DEBUG:
             self._debug_changed()
         return result
 
+    def take_unlogged(self, txn):
+        """The offsets ``txn`` recorded since they were last taken (an int64
+        array, in ack order), or None; they count as logged from now on."""
+        u = self.unlogged.get(txn)
+        if not u:
+            return None
+        self.unlogged[txn] = []
+        if txn is self.last_txn:
+            self.last_unlogged = self.unlogged[txn]
+        return np.asarray(u, np.int64)
+
+    def has_unlogged(self, txn):
+        """Whether ``txn`` recorded offsets not yet taken for the log."""
+        return bool(self.unlogged.get(txn))
+
+    def unlogged_txns(self):
+        """The transactions with offsets not yet taken for the log."""
+        return [t for t, u in self.unlogged.items() if u]
+
+    def mark_logged(self):
+        """Everything held is in the log (replayed from it, or compacted
+        into a snapshot of it)."""
+        for t in list(self.unlogged):
+            self.unlogged[t] = []
+        self.last_txn = self.last_set = self.last_unlogged = None
+
 
     cdef _debug_changed(self):
         """After a change (TXMQ_DEBUG): the full check when it is due (_debug.pxd)."""
-        if check_due(&self.debug_changes, &self.debug_next, len(self.owner) + len(self.cumulative)):
+        if check_due(&self.debug_changes, &self.debug_next, self.n_held + len(self.cumulative)):
             self.check_invariants()
 
     def check_invariants(self):
-        """Raise AssertionError unless each individually held offset has
-        one owner, listed once in its transaction's offsets; the held ack
-        set is exactly those offsets; each transaction's lowest offset is
-        recorded; no transaction keeps an empty list."""
+        """Raise AssertionError unless the transactions' ack sets are
+        disjoint, non-empty, and together exactly the held set; the held
+        count is right; every unlogged offset is held by its transaction."""
         cdef Py_ssize_t total = 0
-        for t, offs in self.indiv.items():
-            if not offs:
-                raise AssertionError(f"PendingAckTable: {t} keeps an empty list of offsets")
-            if len(set(offs)) != len(offs):
-                raise AssertionError(f"PendingAckTable: {t} lists an offset twice")
-            for o in offs:
-                if self.owner.get(o) != t:
-                    raise AssertionError(f"PendingAckTable: offset {o} of {t} is owned by {self.owner.get(o)}")
-            if self.low.get(t) != min(offs):
-                raise AssertionError(f"PendingAckTable: {t}'s lowest offset is {min(offs)}, "
-                                     f"recorded {self.low.get(t)}")
-            total += len(offs)
-        if total != len(self.owner):
-            raise AssertionError(f"PendingAckTable: {len(self.owner)} owned offsets, {total} listed")
-        if set(self.low) != set(self.indiv):
-            raise AssertionError("PendingAckTable: lowest offsets recorded for other transactions than hold any")
-        if self.held.count() != total or any(not self.held.contains(o) for o in self.owner):
-            raise AssertionError(f"PendingAckTable: the held set has {self.held.count()} offsets, {total} held")
+        union = AckSet()
+        for t, s in self.sets.items():
+            if not len(s):
+                raise AssertionError(f"PendingAckTable: {t} keeps an empty ack set")
+            for a, b in s.ranges():
+                if union.count_in(a, b):
+                    raise AssertionError(f"PendingAckTable: [{a}, {b}) of {t} is held by another transaction too")
+                union.add_range(a, b)
+            total += s.count()
+        if total != self.n_held or self.held.count() != total:
+            raise AssertionError(f"PendingAckTable: {total} offsets in the transactions' sets, count "
+                                 f"{self.n_held}, held set {self.held.count()}")
+        if union.ranges() != self.held.ranges():
+            raise AssertionError("PendingAckTable: the held set is not the union of the transactions' sets")
+        for t, u in self.unlogged.items():
+            s = self.sets.get(t)
+            if u and (s is None or any(not s.contains(o) for o in u)):
+                raise AssertionError(f"PendingAckTable: an unlogged offset of {t} is not held by it")
 
     def to_bytes(self):
         """u32 txn count, then per txn: u64 hi, u64 lo, i64 cumulative (-1:
@@ -701,12 +847,23 @@ cdef class PendingAckTable:
         count = 0
         for t in txns:
             hi, lo = t.words
-            offs = self.indiv.get(t, [])
+            offs = self.peek(t)[0]
             parts.append(_pack_txn(hi, lo) + _pack_i64(self.cumulative.get(t, -1))
                          + _pack_u32(len(offs)) + np.asarray(offs, "<i8").tobytes())
             count += 1
         parts[0] = _pack_u32(count)
         return b"".join(parts)
+
+
+cdef list _expand(list ranges):
+    """The offsets of ``[(start, end)]`` ranges, in order."""
+    cdef list out = []
+    cdef int64_t a, b, o
+    for r in ranges:
+        a, b = r
+        for o in range(a, b):
+            out.append(o)
+    return out
 
 
 cdef bytes _pack_u32(uint32_t v):

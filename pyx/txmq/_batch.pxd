@@ -56,6 +56,17 @@ cdef class BatchSpec:
                       Py_ssize_t base) noexcept
 
 
+cdef class Message:
+    # One delivered message (pyx/_batch.pyx); ``message_id`` is built from
+    # (_topic, _partition, offset) when first read, as an ``_id_type``.
+    cdef public object value, key, txn_id
+    cdef object _headers
+    cdef object _mid, _id_type, _topic, _partition
+    cdef readonly int64_t offset
+    cdef public int64_t event_time, publish_time
+    cdef public int redelivery_count
+
+
 cdef void seal(Pieces *pieces) noexcept nogil
 cdef void free_pieces(Pieces *pieces) noexcept
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 
 import pytest
 
@@ -18,6 +19,7 @@ from txmq.transactions import coordinator
 
 INPUTS = 240
 PER_TXN = 6
+SEGMENT_BYTES = 8192          # small segments: the workload rolls them
 
 
 def _out_value(v: bytes) -> bytes:
@@ -25,7 +27,7 @@ def _out_value(v: bytes) -> bytes:
 
 
 def _setup(path, fsync):
-    with txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=8192,
+    with txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=SEGMENT_BYTES,
                      control_socket=False) as b:
         b.create_topic("in", 2)
         b.create_topic("out", 2)
@@ -39,7 +41,7 @@ def _workload(path, fsync, sim, rng, acked):
     """Consume-transform-produce transactions, some pipelined with
     commit_async, some aborted, with plain sends between. ``acked`` gets the
     input values of every commit acknowledged (returned, or future resolved)."""
-    b = txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=8192, control_socket=False)
+    b = txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=SEGMENT_BYTES, control_socket=False)
     try:
         c = b.subscribe("in", "s", initial_position="earliest")
         out = b.producer("out")
@@ -75,7 +77,7 @@ def _workload(path, fsync, sim, rng, acked):
 def _check(path, fsync, acked: list):
     """Open what a power loss left, and check the guarantees against
     ``acked`` (commits acknowledged before it)."""
-    with txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=8192,
+    with txmq.Broker(path, fsync=fsync, num_coordinators=2, segment_bytes_max=SEGMENT_BYTES,
                      control_socket=False) as b:
         outputs = []
         reader = b.subscribe("out", "check", isolation="read_committed", initial_position="earliest")
@@ -131,6 +133,9 @@ def test_power_loss_right_after_a_segment_roll(tmp_path, monkeypatch):
     is durable, none of its bytes are."""
     monkeypatch.setattr(coordinator, "PREALLOCATE_BYTES", 16 * 1024)
     from txmq.storage import log as storage_log
+    # The smallest segments: a transaction's sends go out as one batch per
+    # partition, so the workload writes few bytes.
+    monkeypatch.setattr(sys.modules[__name__], "SEGMENT_BYTES", 4096)
     path = tmp_path / "d"
     _setup(path, "commit")
     acked: list = []
@@ -166,7 +171,7 @@ def test_power_loss_during_recovery(tmp_path, monkeypatch):
     again = []
     with PowerLoss(cut) as sim:
         sim.on_sync = lambda n: again.append(sim.materialise(tmp_path / f"again{n}"))
-        txmq.Broker(cut, fsync="commit", num_coordinators=2, segment_bytes_max=8192,
+        txmq.Broker(cut, fsync="commit", num_coordinators=2, segment_bytes_max=SEGMENT_BYTES,
                     control_socket=False).close()
     assert again
     for where in again:
@@ -198,3 +203,45 @@ def test_a_deleted_topic_created_again_gets_no_old_commit_back(tmp_path, monkeyp
     with txmq.Broker(cut, fsync="commit", num_coordinators=1, control_socket=False) as b:
         c = b.subscribe("t", "s", initial_position="earliest")
         assert [m.value for m in c.receive_many(100, timeout=0.2)] == [b"new"]
+
+
+@pytest.mark.parametrize("how", ["commit", "commit_async"])
+def test_a_commit_logs_accumulated_sends_and_ranged_acks_in_its_decision(tmp_path, monkeypatch, how):
+    """Sends still accumulating when the transaction commits (``linger_ms``
+    long) and acks held as ranges: the commit appends the batch and frames
+    the acks before its decision record is built, so the record names the
+    batch (with its copy) and the ack ranges. A power loss right after
+    ``commit()`` returned (or its future resolved) keeps the whole
+    transaction, though neither the segment nor the cursor was synced."""
+    monkeypatch.setattr(coordinator, "PREALLOCATE_BYTES", 16 * 1024)
+    path = tmp_path / "d"
+    with txmq.Broker(path, fsync="commit", control_socket=False) as b:
+        b.create_topic("in", 1)
+        b.create_topic("out", 1)
+        b.subscribe("in", "s", initial_position="earliest").close()
+        b.producer("in").send_batch([b"in-%03d" % i for i in range(50)], partition=0)
+    with PowerLoss(path) as sim:
+        b = txmq.Broker(path, fsync="commit", linger_ms=60_000, batch_bytes=1 << 20, control_socket=False)
+        try:
+            c = b.subscribe("in", "s", initial_position="earliest")
+            peek = b.subscribe("out", "peek", isolation="read_uncommitted", initial_position="earliest")
+            out = b.producer("out")
+            msgs = c.receive_many(50, 1.0)
+            assert len(msgs) == 50
+            txn = b.new_transaction()
+            for m in msgs[:40]:
+                out.send(b"out-" + m.value, partition=0, txn=txn)
+                c.ack(m, txn=txn)
+            assert peek.receive_many(100, 0.05) == []          # still accumulating
+            if how == "commit":
+                txn.commit()
+            else:
+                assert txn.commit_async().result(10) is None
+            cut = sim.materialise(tmp_path / "cut")
+        finally:
+            b.close()
+    with txmq.Broker(cut, fsync="commit", control_socket=False) as b:
+        r = b.subscribe("out", "check", isolation="read_committed", initial_position="earliest")
+        assert [m.value for m in r.receive_many(100, 0.2)] == [b"out-in-%03d" % i for i in range(40)]
+        c = b.subscribe("in", "s", initial_position="earliest")
+        assert [m.value for m in c.receive_many(100, 0.2)] == [b"in-%03d" % i for i in range(40, 50)]

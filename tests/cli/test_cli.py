@@ -42,7 +42,7 @@ def data(tmp_path):
     committed and an aborted transaction on partition 0), topic ``empty``,
     and subscription ``billing`` on orders that acknowledged 5 messages."""
     path = str(tmp_path / "data")
-    with txmq.Broker(path, fsync="never") as b:
+    with txmq.Broker(path, fsync="never", linger_ms=0) as b:     # (the aborted send is in the log)
         b.create_topic("orders", partitions=3)
         b.create_topic("empty")
         p = b.producer("orders")
@@ -606,7 +606,8 @@ def _tree(path):
 def logs(tmp_path):
     """A directory with many batches in one segment and a dense index."""
     path = str(tmp_path / "logs")
-    with txmq.Broker(path, fsync="never", index_interval_bytes=256) as b:
+    # (linger_ms=0: the aborted send is in the log, with its marker and .txnindex entry)
+    with txmq.Broker(path, fsync="never", index_interval_bytes=256, linger_ms=0) as b:
         b.create_topic("t")
         p = b.producer("t")
         for i in range(40):

@@ -378,6 +378,7 @@ def test_kafka_view_of_a_partition(broker):
     p.send_batch([b"x1", b"x2"], partition=0, txn=t1)              # 1-2
     t2 = broker.new_transaction()
     p.send(b"y", partition=0, txn=t2)                              # 3
+    p.flush()
     assert broker.last_stable_offset("t", 0) == 1 and broker.high_watermark("t", 0) == 4
     t1.abort()                                                     # marker 4
     assert broker.last_stable_offset("t", 0) == 3
@@ -398,7 +399,8 @@ def test_kafka_view_of_a_partition(broker):
 
 def test_txnindex_files_beside_segments_rebuilt_and_retained(tmp_path):
     path = tmp_path / "data"
-    with txmq.Broker(path, fsync="never", segment_bytes_max=4096) as b:
+    # Every send appended at once (linger_ms=0): aborted transactions leave data and markers.
+    with txmq.Broker(path, fsync="never", segment_bytes_max=4096, linger_ms=0) as b:
         b.create_topic("t")
         p = b.producer("t")
         for i in range(60):
@@ -433,9 +435,11 @@ def test_consumer_lag_reaches_zero_past_markers(broker):
         p.send_batch([b"a", b"b"], partition=0, txn=txn)
     aborted = broker.new_transaction()
     p.send(b"gone", partition=0, txn=aborted)
+    p.flush()                                           # in the log before the abort
     aborted.abort()
     open_txn = broker.new_transaction()
     p.send(b"open", partition=0, txn=open_txn)
+    p.flush()
     assert broker.high_watermark("t", 0) == 6 and broker.last_stable_offset("t", 0) == 5
     assert broker.consumer_lag("t", "rc") == {0: 2}     # a, b; not the markers, not "gone"
     assert broker.consumer_lag("t", "ru") == {0: 4}     # a, b, gone, open
@@ -539,7 +543,7 @@ def test_the_timer_snapshot_syncs_the_txnindex_first(tmp_path, monkeypatch):
     with txmq.Broker(tmp_path / "d", fsync="commit") as b:
         b.create_topic("t")
         txn = b.new_transaction()
-        b.producer("t").send(b"x", partition=0, txn=txn)
+        b.producer("t").send(b"x", partition=0, txn=txn).offset    # appended (asking for it), then aborted
         txn.abort()
         part = b._topic("t").partitions[0]
         synced = []

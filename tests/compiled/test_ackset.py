@@ -46,6 +46,12 @@ class AckSetMachine(RuleBasedStateMachine):
         assert self.acks.remove(x) == (x in self.model)
         self.model.discard(x)
 
+    @rule(a=OFF, n=st.integers(min_value=-3, max_value=60))
+    def remove_range(self, a, n):
+        gone = set(range(a, a + n)) & self.model
+        assert self.acks.remove_range(a, a + n) == len(gone)
+        self.model -= gone
+
     @rule(x=OFF)
     def contains(self, x):
         assert self.acks.contains(x) == (x in self.model)

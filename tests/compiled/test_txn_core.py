@@ -242,3 +242,105 @@ def test_txn_words_range():
     for bad in ((65536, 1), (0, 1 << 112), (-1, 1)):
         with pytest.raises(ValueError):
             T.txn_words(*bad)
+
+
+# -- PendingAckTable: one ack at a time, ranges, what is not logged yet --------------------
+
+
+def test_pending_add_one_checks_and_records_in_one_call():
+    t = T.PendingAckTable()
+    assert t.add_one("a", 5, 0, FakeAcked()) == 1
+    assert t.add_one("a", 5, 0, FakeAcked()) == 0               # a again: nothing new
+    assert t.add_one("b", 5, 0, FakeAcked()) == -1              # held by a
+    assert t.conflict_individual("b", [5], 0, FakeAcked()) == (5, "pending in another transaction", "a")
+    assert t.add_one("b", 3, 4, FakeAcked()) == -1              # below mark-delete
+    assert t.add_one("b", 9, 0, FakeAcked([9])) == -1           # acknowledged already
+    for o in (6, 7, 8):
+        assert t.add_one("a", o, 0, FakeAcked()) == 1
+    assert t.ranges_of("a") == [(5, 9)] and t.owner_of(7) == "a" and len(t) == 4
+    t.add_cumulative("c", 20)
+    assert t.add_one("b", 12, 0, FakeAcked()) == -1             # covered by c's cumulative ack
+    assert t.add_one("c", 12, 0, FakeAcked()) == 1              # c's own
+    assert len(t) == 6
+    t.check_invariants()
+
+
+def test_pending_unlogged_offsets_are_taken_once():
+    t = T.PendingAckTable()
+    for o in (4, 2, 3):
+        t.add_one("a", o, 0, FakeAcked())
+    t.add("b", [10, 11])
+    assert t.has_unlogged("a") and sorted(t.unlogged_txns()) == ["a", "b"]
+    assert t.take_unlogged("a").tolist() == [4, 2, 3]           # in ack order
+    assert t.take_unlogged("a") is None and not t.has_unlogged("a")
+    t.add_one("a", 5, 0, FakeAcked())
+    assert t.take_unlogged("a").tolist() == [5]
+    t.mark_logged()
+    assert t.unlogged_txns() == [] and t.take_unlogged("b") is None
+    assert t.take("a") == ([2, 3, 4, 5], -1) and t.ranges_of("a") == []
+    assert t.owner_of(10) == "b" and not t.is_pending(3)
+    t.check_invariants()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["one", "many", "take", "log"]), st.integers(0, 3),
+                          st.lists(st.integers(0, 40), max_size=5)), max_size=60))
+def test_pending_table_one_at_a_time_against_a_model(ops):
+    """add_one/add/take/take_unlogged against dicts: who holds what, and
+    exactly which offsets are still to be logged."""
+    t, owner, unlogged = T.PendingAckTable(), {}, {}
+    for op, txn, offsets in ops:
+        if op == "one":
+            for o in offsets:
+                want = 1 if o not in owner else (0 if owner[o] == txn else -1)
+                assert t.add_one(txn, o, 0, FakeAcked()) == want
+                if want == 1:
+                    owner[o] = txn
+                    unlogged.setdefault(txn, []).append(o)
+        elif op == "many":
+            new = [o for o in dict.fromkeys(offsets) if o not in owner]
+            assert t.add(txn, offsets) == new
+            owner.update({o: txn for o in new})
+            unlogged.setdefault(txn, []).extend(new)
+        elif op == "take":
+            mine, _ = t.take(txn)
+            assert mine == sorted(o for o, x in owner.items() if x == txn)
+            owner = {o: x for o, x in owner.items() if x != txn}
+            unlogged.pop(txn, None)
+        else:
+            got = t.take_unlogged(txn)
+            assert (got.tolist() if got is not None else []) == unlogged.pop(txn, [])
+        assert all(t.owner_of(o) == x for o, x in owner.items())
+        assert len(t) == len(owner)
+    t.check_invariants()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["range", "one", "cumulative", "take"]), st.integers(0, 2),
+                          st.integers(0, 40), st.integers(0, 8)), max_size=50),
+       st.integers(0, 5), st.lists(st.integers(0, 48), max_size=4))
+def test_pending_table_by_ranges_agrees_with_offsets(ops, mark_delete, acked_offsets):
+    """conflict_range / add_range, the path of a received run, answer as
+    conflict_individual / add over the same offsets one by one."""
+    acked = FakeAcked(acked_offsets)
+    acked.next_acked = lambda x: next(((o, o + 1) for o in sorted(acked.offs) if o >= x), None)
+    by_range, by_offset = T.PendingAckTable(), T.PendingAckTable()
+    for op, txn, start, n in ops:
+        if op == "range":
+            want = by_offset.conflict_individual(txn, range(start, start + n), mark_delete, acked)
+            assert by_range.conflict_range(txn, start, start + n, mark_delete, acked) == want
+            if want is None:
+                assert by_range.add_range(txn, start, start + n) == len(by_offset.add(txn, range(start, start + n)))
+        elif op == "one":
+            assert by_range.add_one(txn, start, mark_delete, acked) == by_offset.add_one(txn, start, mark_delete, acked)
+        elif op == "cumulative":
+            by_range.add_cumulative(txn, start)
+            by_offset.add_cumulative(txn, start)
+        else:
+            assert by_range.take(txn) == by_offset.take(txn)
+        for t in range(3):
+            assert by_range.ranges_of(t) == by_offset.ranges_of(t)
+            got = by_range.take_unlogged(t)
+            want = by_offset.take_unlogged(t)
+            assert sorted(got.tolist() if got is not None else []) == sorted(want.tolist() if want is not None else [])
+    by_range.check_invariants()

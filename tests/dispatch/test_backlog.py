@@ -8,7 +8,8 @@ import pytest
 import txmq
 import txmq.readonly
 
-FAST = dict(fsync="never", control_socket=False)
+# linger_ms=0: every send appended at once, so an aborted transaction leaves its data.
+FAST = dict(fsync="never", control_socket=False, linger_ms=0)
 
 
 @pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])

@@ -222,7 +222,7 @@ def test_after_sigkill_a_prefix_of_what_recovery_shows(tmp_path):
 
 def test_closed_directory_and_files_untouched(tmp_path):
     data = tmp_path / "data"
-    with txmq.Broker(data, fsync="never") as b:
+    with txmq.Broker(data, fsync="never", linger_ms=0) as b:    # (the aborted send is in the log)
         b.create_topic("t", 1)
         prod = b.producer("t")
         prod.send(b"one", key=b"k", headers={"h": b"1"})
@@ -325,6 +325,7 @@ def test_inspection_of_subscriptions_and_transactions(tmp_path):
         t = b.new_transaction()
         c.ack(ms[1], txn=t)
         prod.send(b"e", txn=t)
+        t.flush()                  # its send and ack reach the files another process reads
         ro = readonly.open(data)
         info = ro.subscription("t", "s")
         assert ro.subscriptions("t") == ["s"]

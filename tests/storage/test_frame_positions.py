@@ -100,7 +100,7 @@ def test_a_damaged_txnindex_entry_is_reported_at_that_entry(tmp_path, capsys):
     """A byte of the second .txnindex entry fails its CRC: check and the
     writer's recovery both name the second entry's first byte."""
     path = str(tmp_path / "d")
-    with txmq.Broker(path, fsync="never") as b:
+    with txmq.Broker(path, fsync="never", linger_ms=0) as b:     # (aborted sends leave data)
         b.create_topic("t")
         p = b.producer("t")
         for _ in range(2):

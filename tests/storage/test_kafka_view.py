@@ -642,7 +642,7 @@ def _check_all(broker):
     ("*.txnindex", "recovery-point"),
 ])
 def test_rebuild_after_deleting_derived_files(tmp_path, damage):
-    broker = txmq.Broker(tmp_path, fsync="never", segment_bytes_max=4096)
+    broker = txmq.Broker(tmp_path, fsync="never", segment_bytes_max=4096, linger_ms=0)
     try:
         _workload(broker)
         before = _check_all(broker)
@@ -661,7 +661,7 @@ def test_rebuild_after_deleting_derived_files(tmp_path, damage):
                 os.remove(f)
                 removed += 1
     assert removed >= len(damage) * 2
-    broker = txmq.Broker(tmp_path, fsync="never", segment_bytes_max=4096)
+    broker = txmq.Broker(tmp_path, fsync="never", segment_bytes_max=4096, linger_ms=0)
     try:
         after = _check_all(broker)
         for b, a in zip(before, after):
@@ -671,7 +671,7 @@ def test_rebuild_after_deleting_derived_files(tmp_path, damage):
             assert a.aborted[-1].first_offset == b.lso and a.aborted[-1].last_offset == b.end
     finally:
         broker.close()
-    broker = txmq.Broker(tmp_path, fsync="never", segment_bytes_max=4096)    # and once more, undamaged
+    broker = txmq.Broker(tmp_path, fsync="never", segment_bytes_max=4096, linger_ms=0)    # and once more, undamaged
     try:
         assert [s.aborted for s in _check_all(broker)] == [s.aborted for s in after]
     finally:

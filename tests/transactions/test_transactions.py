@@ -387,7 +387,9 @@ def test_admin_list_info_force_abort(broker):
     c = broker.subscribe("t", "s", initial_position="earliest")
     m = c.receive(0.5)
     txn = broker.new_transaction(timeout=30)
-    broker.producer("t").send(b"x", partition=0, txn=txn)
+    p = broker.producer("t")
+    p.send(b"x", partition=0, txn=txn)
+    p.flush()                    # appended now, not at the commit: it holds the partition back
     c.ack(m, txn=txn)
     [info] = broker.transactions()
     assert info["id"] == str(txn.id) and info["state"] == "OPEN" and info["timeout_s"] == 30

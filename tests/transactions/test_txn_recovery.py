@@ -85,7 +85,7 @@ def _fill(b, n_txns, topic="t"):
 def test_snapshot_and_replay_equal_a_full_rebuild(tmp_path, monkeypatch):
     monkeypatch.setattr(txnbuffer_mod, "SNAPSHOT_EVERY_TXNS", 50)
     path = tmp_path / "d"
-    with txmq.Broker(path, fsync="never") as b:
+    with txmq.Broker(path, fsync="never", linger_ms=0) as b:    # (every send in the log at once)
         b.create_topic("t")
         txns = _fill(b, 230)
         p = b._topics["t"].partitions[0]
@@ -150,7 +150,7 @@ def test_corrupt_coordinator_frame_is_reported(tmp_path):
 
 def test_retention_trims_the_abort_set(tmp_path):
     path = tmp_path / "d"
-    with txmq.Broker(path, fsync="never", segment_bytes_max=4096, retention_bytes=0) as b:
+    with txmq.Broker(path, fsync="never", segment_bytes_max=4096, retention_bytes=0, linger_ms=0) as b:
         b.create_topic("t")
         p = b.producer("t")
         for i in range(40):

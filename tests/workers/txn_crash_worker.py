@@ -140,6 +140,11 @@ def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) ->
         for k, (bp, t, ms) in enumerate(parts):
             value = make_output(run, step, str(txn.id), k, len(parts), t, ms)
             prod.send(value, key=f"{run}.{step}".encode(), partition=bp, txn=txn)
+        if step == nth and stage in ("send_ack", "ack_commit"):
+            # The sends are batched until the commit: the step killed before
+            # it puts them in the log first, so that recovery has data of an
+            # open transaction to abort (the check reads them uncommitted).
+            prod.flush()
         out.line(f"S {step}")
         if stage == "send_ack" and step == nth:
             die()

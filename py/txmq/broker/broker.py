@@ -63,6 +63,7 @@ from txmq.storage.delivery import ISOLATIONS
 from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription
 from txmq.storage.topic import Topic, check_subscription_name, check_topic_name
 from txmq.client.transaction import Transaction
+from txmq.client.accumulator import SendBatching
 from txmq.client.transactional_producer import TransactionalProducer
 from txmq.transactions.records import TxnID, TxnState
 
@@ -95,7 +96,12 @@ class Broker:
     (default 900) bounds the timeout a transaction may ask for.
 
     Producers: ``producer_id_expiration`` seconds (default 7 days) after its
-    last batch, a partition forgets a producer id's sequences.
+    last batch, a partition forgets a producer id's sequences. One-message
+    sends inside a transaction are batched (docs/API.md, "Sends inside a
+    transaction are batched"): a batch is appended when it holds
+    ``batch_bytes`` (default 64 KiB), when it is ``linger_ms`` old (default
+    5), when a message's offset is asked for, and at the latest by the
+    commit; ``linger_ms=0`` appends every send when it is made.
 
     Half messages (:meth:`half_producer`): every ``half_check_interval``
     seconds (default 60) the broker checks back on PREPARED half messages
@@ -115,7 +121,8 @@ class Broker:
                  retention_check_interval: float = 60.0, num_coordinators: int = 4,
                  transaction_timeout_max: float = 900.0, producer_id_expiration: float = 7 * 24 * 3600.0,
                  half_check_interval: float = 60.0, half_check_immunity: float = 6.0, half_max_checks: int = 15,
-                 half_retention: float = 3 * 24 * 3600.0, control_socket: bool = True):
+                 half_retention: float = 3 * 24 * 3600.0, control_socket: bool = True,
+                 linger_ms: int = 5, batch_bytes: int = 64 * 1024):
         self.path = datadir.resolve(path)
         self._closed = True
         # Every option is checked before the directory is touched.
@@ -139,6 +146,9 @@ class Broker:
         half_retention = seconds_option("half_retention", half_retention)
         half_max_checks = int_option("half_max_checks", half_max_checks, 0)
         control_socket = flag_option("control_socket", control_socket)
+        linger_ms = int_option("linger_ms", linger_ms, 0, 60_000)
+        batch_bytes = int_option("batch_bytes", batch_bytes, 1, INT32_MAX)
+        self._batching = SendBatching(linger_ms, batch_bytes)
         self.fsync = fsync
         self.num_coordinators = num_coordinators
         self.transaction_timeout_max = transaction_timeout_max
@@ -206,6 +216,8 @@ class Broker:
         self._scheduler.every(RETRY_INTERVAL, self._retry_transactions)
         self._scheduler.every(SNAPSHOT_INTERVAL, self._snapshot_txn_buffers)
         self._scheduler.every(half_check_interval, self.check_half_messages)
+        if self._batching.enabled:
+            self._scheduler.every(max(MIN_INTERVAL, linger_ms / 1000.0), self._batching.flush_due)
         self._ingester = Ingester(self)
         if control_socket:
             try:
@@ -850,6 +862,9 @@ class Broker:
             except Exception as e:
                 failed.append(e)
 
+        # What open transactions accumulated goes to the log (the next open
+        # aborts them), as a Kafka producer's close sends its batches.
+        attempt(self._batching.flush_all)
         attempt(self._half.close)
         for t in self._topics.values():
             for sub in t.subscriptions.values():

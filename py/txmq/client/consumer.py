@@ -7,7 +7,9 @@ import datetime
 from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTypeError
 from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
-from txmq.client.transaction import meta_of
+from txmq._accumulator import PendingMessageId
+from txmq._ackset import all_received
+from txmq.client.transaction import Transaction, meta_of
 
 
 def _ids(messages) -> list:
@@ -18,6 +20,10 @@ def _ids(messages) -> list:
             return [m.message_id for m in messages]
         except AttributeError:
             pass
+    return _checked_ids(messages)
+
+
+def _checked_ids(messages) -> list:
     if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
         raise InvalidArgumentError("messages", messages, "a Message, a MessageId or a list of them")
     out = []
@@ -28,6 +34,8 @@ def _ids(messages) -> list:
             out.append(m)
         elif isinstance(m, tuple) and len(m) == 3:
             out.append(MessageId(*m))
+        elif isinstance(m, PendingMessageId):
+            out.append(MessageId(*m.result()))
         else:
             raise InvalidArgumentError("message", m, "a Message, a MessageId or a list of them")
     return out
@@ -106,6 +114,15 @@ class Consumer:
         (``other`` is that transaction) and acknowledges none of
         ``messages``: the transaction decides that message's fate.
         """
+        if txn is not None and type(messages) is Message and not self.closed:
+            # ack(m, txn=): the README's loop, one message at a time.
+            if type(txn) is not Transaction or txn._broker is not self._broker:
+                raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
+            meta = txn._meta
+            if meta.owner is not None:
+                meta.check_owner()
+            self._sub.pending_acks.ack_one(meta, messages.message_id)
+            return
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
             md = messages.schema.metadata or {}
@@ -113,11 +130,12 @@ class Consumer:
                 return
             partition = int(md[b"partition"])
             offsets = messages.column("offset").to_numpy()
-            if txn is not None:
-                self._sub.pending_acks.ack_range_txn(meta_of(txn, self._broker), partition,
-                                                     sorted(offsets.tolist()))
-                return
             first, last = int(offsets[0]), int(offsets[-1])
+            if txn is not None:
+                dense = last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all()))
+                self._sub.pending_acks.ack_range_txn(meta_of(txn, self._broker), partition,
+                                                     range(first, last + 1) if dense else sorted(offsets.tolist()))
+                return
             if last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all())):
                 self._sub.ack_range(partition, first, last + 1)
             else:  # redelivered messages are scattered
@@ -125,6 +143,9 @@ class Consumer:
             return
         if txn is not None:
             self._sub.pending_acks.ack_txn(meta_of(txn, self._broker), _ids(messages))
+            return
+        if type(messages) is list and all_received(messages):
+            self._sub.ack(messages)     # (their ids are read in compiled code)
             return
         self._sub.ack(_ids(messages))
 

@@ -13,7 +13,8 @@ from txmq._partitioner import partition_for, partitions_for_arrow, partitions_fo
 from txmq.errors import (BrokerClosedError, InvalidArgumentError, InvalidMessageError, PartitionNotFoundError,
                          ProducerFencedError, TopicNotFoundError)
 from txmq.message import MessageId, MessageIds
-from txmq.client.transaction import meta_of
+from txmq.client.transaction import Transaction, meta_of
+from txmq.transactions.records import TxnState
 
 
 class Producer:
@@ -35,7 +36,7 @@ class Producer:
     """
 
     __slots__ = ("_broker", "_topic", "_rr", "closed", "producer_id", "epoch", "name", "fenced", "_owner",
-                 "_fence", "__weakref__")
+                 "_fence", "_batching", "_accs", "__weakref__")
 
     def __init__(self, broker, topic, producer_id: int, epoch: int = 0, name: str | None = None,
                  owner=None):
@@ -51,6 +52,8 @@ class Producer:
         # Checked under the partition lock: the owner for a transactional
         # producer's producers, this instance for a named one.
         self._fence = owner if owner is not None else self if name is not None else None
+        self._batching = broker._batching      # the broker's send accumulators (client/accumulator.py)
+        self._accs: dict = {}                  # partition -> this producer's accumulator there
 
     @property
     def topic(self) -> str:
@@ -85,7 +88,30 @@ class Producer:
         if self._fence is not None and self._fence.fenced:
             raise self._fence.fenced_error()
 
+    def _flush_partition(self, p) -> None:
+        """Append this producer's open batch on ``p`` (if any) before
+        anything else it sends there: its sends keep their order."""
+        acc = self._accs.get(p)
+        if acc is not None and acc.count:
+            try:
+                self._batching.flush(acc)
+            except Exception:
+                pass              # kept in the accumulator: its transaction's commit raises it
+
+    def _open_accumulator(self, p, txn, meta):
+        """This producer's accumulator for ``txn`` on ``p``: a batch it had
+        open there for another transaction is appended first."""
+        old = self._accs.get(p)
+        if old is not None and old.count:
+            self._flush_partition(p)
+        if not p._segments:
+            raise p._closed_error()
+        acc = self._accs[p] = self._batching.open(self, p, txn)
+        return acc
+
     def _append(self, p, spec, txn, sequence):
+        if self._accs:
+            self._flush_partition(p)
         if txn is None:
             if self._owner is not None:
                 raise InvalidArgumentError("txn", None, f"a transaction of transactional producer "
@@ -114,6 +140,16 @@ class Producer:
         :class:`~txmq.errors.InvalidTxnStateError` when ``txn`` is no longer
         open.
 
+        With ``txn`` (and no ``sequence``) the message joins this
+        producer's accumulating batch for the transaction and partition,
+        appended as one batch by size, after the broker's ``linger_ms``,
+        when an offset is asked for, on :meth:`flush`, or by the commit
+        (docs/API.md, "Sends inside a transaction are batched"); it returns
+        a :class:`~txmq._accumulator.PendingMessageId` whose ``offset``
+        appends the batch first. Everything a send can refuse by itself is
+        refused here; an append that fails raises at that flush (a commit
+        then aborts).
+
         ``sequence`` sends with an explicit sequence number (int32) for the
         target partition instead of the next one: resending a sequence that
         is among the partition's last 5 batches of this producer returns the
@@ -140,10 +176,45 @@ class Producer:
         parts = self._topic.partitions
         if sequence >= 0 and partition is None and key is None and len(parts) > 1:
             raise _unrouted(sequence)
-        if partition is not None or (key is not None and len(parts) > 1):
-            p = self._partition(key, partition)
+        if partition is not None:          # (_partition, inline: every send)
+            if type(partition) is not int or not 0 <= partition < len(parts):   # (bools are not partitions)
+                raise PartitionNotFoundError(self._topic.name, partition)
+            p = parts[partition]
+        elif key is not None and len(parts) > 1:
+            p = parts[partition_for(key, len(parts))]
         else:
             p = parts[next(self._rr) % len(parts)]
+        if txn is not None and sequence < 0 and self._batching.linger_ms:
+            # Batched (client/accumulator.py): everything a send can refuse
+            # by itself is refused here; the append comes with the batch.
+            if type(txn) is not Transaction or txn._broker is not self._broker:
+                raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
+            meta = txn._meta
+            if meta.owner is not self._owner:
+                if self._owner is not None:
+                    raise InvalidArgumentError("txn", txn, f"a transaction of transactional producer "
+                                                           f"{self._owner.transactional_id!r} (begin())")
+                meta.check_owner()
+            if meta.state is not TxnState.OPEN:
+                raise meta.not_open("send")
+            if self._fence is not None and self._fence.fenced:
+                raise self._fence.fenced_error()
+            if self._broker._topics.get(self._topic.name) is not self._topic:
+                self._check_open()         # deleted since this producer was made
+            acc = self._accs.get(p)
+            if acc is None or acc.meta is not meta:
+                acc = self._open_accumulator(p, txn, meta)
+            mid = acc.add(value, key, headers, event_time)
+            if mid is None:                # the open batch is full for this one
+                self._batching.flush(acc)
+                mid = acc.add(value, key, headers, event_time)
+            if acc.full:
+                self._batching.flush(acc)
+            return mid
+        if self._accs:
+            acc = self._accs.get(p)
+            if acc is not None and acc.count:
+                self._flush_partition(p)
         try:
             if txn is None and self._owner is None:
                 return _new_id(MessageId, (self._topic.name, p.index,
@@ -241,9 +312,19 @@ class Producer:
             raise
 
     def flush(self) -> None:
-        """Sends are written when they return; kept for Kafka-style code."""
+        """Append every batch of this producer's sends inside transactions
+        that is still accumulating (docs/API.md, "Sends inside a
+        transaction are batched"); raise what an append raised. Sends
+        outside transactions are written when they return."""
+        for acc in list(self._accs.values()):
+            self._batching.flush(acc)
 
     def close(self) -> None:
+        """Close this producer; its accumulating batches are appended first
+        (an append that fails is raised by its transaction's commit)."""
+        for p in list(self._accs):
+            self._flush_partition(p)
+        self._accs.clear()
         self.closed = True
         if self.name is not None:
             self._broker._named_closed(self)

@@ -19,12 +19,13 @@ class Transaction:
     acks take effect together at :meth:`commit`, or not at all.
     """
 
-    __slots__ = ("_broker", "_coordinator", "_meta")
+    __slots__ = ("_broker", "_coordinator", "_meta", "_accumulators")
 
     def __init__(self, broker, coordinator, meta):
         self._broker = broker
         self._coordinator = coordinator
         self._meta = meta
+        self._accumulators: list = []    # the batches of its one-message sends (client/accumulator.py)
 
     @property
     def id(self) -> TxnID:
@@ -53,10 +54,54 @@ class Transaction:
         Raises :class:`~txmq.errors.TransactionTimeoutError` if the
         transaction timed out, :class:`~txmq.errors.InvalidTxnStateError` if
         it is not open, :class:`~txmq.errors.ProducerFencedError` if it
-        belongs to a transactional producer a newer instance replaced."""
-        self._broker._check_open()
-        self._meta.check_owner()
-        self._coordinator.end(self._meta, True)
+        belongs to a transactional producer a newer instance replaced.
+
+        First the batches of its one-message sends still accumulating are
+        appended and its acks written to the pending-ack logs: an error
+        doing so (a partition deleted meanwhile, a full disk) aborts the
+        transaction and is raised here."""
+        if self._broker._closed:
+            self._broker._check_open()
+        meta = self._meta
+        if meta.owner is not None:
+            meta.check_owner()
+        self._before_decision()
+        self._coordinator.end(meta, True)
+
+    def _before_decision(self) -> None:
+        """What a commit does before its decision is built: append the
+        batches still accumulating (so the decision record names them) and
+        frame the acks in the pending-ack logs. A failure aborts the
+        transaction and is raised."""
+        meta = self._meta
+        if meta.state is not TxnState.OPEN:
+            return                       # (the coordinator's end says why it cannot commit)
+        error = self._broker._batching.finish(self) if self._accumulators else None
+        if error is None and meta.subscriptions:
+            try:
+                for acks in list(meta.subscriptions.values()):
+                    acks.write_txn(meta.id)
+            except BaseException as e:
+                error = e
+        if error is not None:
+            self._coordinator.end(meta, False)
+            raise error
+
+    def flush(self) -> None:
+        """Append the batches of this transaction's one-message sends that
+        are still accumulating, and write its acks to the pending-ack logs,
+        now (what :meth:`commit` does first): a read_uncommitted reader, a
+        read-only view in another process (``txmq.readonly``) and a crash
+        then see them. Raises what an append raised; the transaction stays
+        open."""
+        meta = self._meta
+        if meta.owner is not None:
+            meta.check_owner()
+        meta.check_open("flush")
+        for acc in list(self._accumulators):
+            self._broker._batching.flush(acc)
+        for acks in list(meta.subscriptions.values()):
+            acks.write_txn(meta.id)
 
     def commit_async(self) -> Future:
         """Start the commit and return a ``concurrent.futures.Future`` at
@@ -71,12 +116,18 @@ class Transaction:
 
         Every error comes through the future (``future.result()`` raises
         it): those :meth:`commit` raises, and an I/O error of the sync. The
-        future cannot be cancelled."""
+        future cannot be cancelled.
+
+        As in :meth:`commit`, the batches of its one-message sends still
+        accumulating are appended and its acks written to the pending-ack
+        logs first (an error doing so aborts the transaction, through the
+        future)."""
         future = Future()
         future.set_running_or_notify_cancel()
         try:
             self._broker._check_open()
             self._meta.check_owner()
+            self._before_decision()
             self._coordinator.end(self._meta, True, future=future)
         except BaseException as e:
             future.set_exception(e)
@@ -97,6 +148,8 @@ class Transaction:
         meta.check_owner()
         if meta.state is TxnState.OPEN:
             self._broker._check_open()
+        if self._accumulators:
+            self._broker._batching.drop(self)
         self._coordinator.end(meta, False)
 
     def __enter__(self) -> "Transaction":

@@ -121,10 +121,11 @@ def _settled(lane, lo: int, hi: int):
             acked[max(start, lo) - lo:min(end, hi) - lo] = True
     pending = np.zeros(hi - lo, bool)
     for txn in lane.pending.txns():
-        offsets, cumulative = lane.pending.peek(txn)
-        offsets = np.asarray(offsets, np.int64)
-        offsets = offsets[(offsets >= lo) & (offsets < hi)]
-        pending[offsets - lo] = True
+        # (the table holds a transaction's acks as ranges)
+        for start, end in lane.pending.ranges_of(txn):
+            if end > lo and start < hi:
+                pending[max(start, lo) - lo:min(end, hi) - lo] = True
+        cumulative = lane.pending.peek_cumulative(txn)
         if cumulative >= lo:
             pending[:min(cumulative + 1, hi) - lo] = True
     return acked | pending, pending

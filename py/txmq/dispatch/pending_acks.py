@@ -17,19 +17,17 @@ redelivery) belongs to :mod:`txmq.dispatch.subscription`, which it asks.
 
 from __future__ import annotations
 
+import heapq
 import struct
-import time
 
-import numpy as np
-
+from txmq._ackset import cut_delivery
 from txmq._redolog import RedoLog
-from txmq._txn import (PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, ranges_of,
-                       replay_pending)
+from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
 from txmq.dispatch import lane_invariant
 from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
 from txmq.message import MessageId
 from txmq.storage.cursor import COMPACT_FRAMES
-from txmq.transactions.records import TxnID
+from txmq.transactions.records import TxnID, TxnState
 
 
 def open_pending_log(path: str, fsync: str, problems: list):
@@ -47,6 +45,7 @@ def open_pending_log(path: str, fsync: str, problems: list):
         table.add(txn_id, offsets)
         if cumulative >= 0:
             table.add_cumulative(txn_id, cumulative)
+    table.mark_logged()
     return table, log
 
 
@@ -58,7 +57,8 @@ class PendingAcks:
         self.subscription = subscription
         self.topic = subscription.topic      # (the coordinator logs the participant by topic and name)
         self.name = subscription.name
-        self.lock = subscription.cond        # the participant lock a transaction's end takes
+        self.lock = subscription.lock        # the participant lock a transaction's end takes
+        self.key = (self.topic.name, self.name)   # (the coordinator's key of it: register_subscription)
 
     def __repr__(self) -> str:
         return repr(self.subscription)
@@ -78,8 +78,9 @@ class PendingAcks:
         sub = self.subscription
         return self._ack_txn_lanes(meta, sub._lanes_of(message_ids))
 
-    def ack_range_txn(self, meta, partition: int, offsets: list) -> int:
-        """:meth:`ack_txn` of sorted offsets of one partition (Arrow batches)."""
+    def ack_range_txn(self, meta, partition: int, offsets) -> int:
+        """:meth:`ack_txn` of sorted offsets (a list, or a range) of one
+        partition (Arrow batches)."""
         sub = self.subscription
         lane = sub._lane_of(MessageId(self.topic.name, partition, offsets[-1]))
         sub._lane_of(MessageId(self.topic.name, partition, offsets[0]))
@@ -89,25 +90,94 @@ class PendingAcks:
         sub = self.subscription
         if not checked:
             return 0
-        sub.broker._coordinator_of(meta).register_subscription(meta, self)
+        if meta.subscriptions.get(self.key) is not self:
+            sub.broker._coordinator_of(meta).register_subscription(meta, self)
         n = 0
         with sub.cond:
             meta.check_open("acknowledge")
             for lane, offsets in checked:
-                self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
-                    meta.id, offsets, lane.cursor.mark_delete, lane.cursor.acked))
+                if type(offsets) is range:        # a received run (group_offsets, Arrow batches)
+                    conflict = lane.pending.conflict_range(meta.id, offsets.start, offsets.stop,
+                                                           lane.cursor.mark_delete, lane.cursor.acked)
+                else:
+                    conflict = lane.pending.conflict_individual(meta.id, offsets, lane.cursor.mark_delete,
+                                                                lane.cursor.acked)
+                self._refuse_conflict(meta, lane, conflict)
             for lane, offsets in checked:
+                # Logged once per transaction and lane, before its decision (write_txn).
+                if type(offsets) is range:
+                    k = lane.pending.add_range(meta.id, offsets.start, offsets.stop)
+                    if k:
+                        sub._hold_span(lane, offsets.start, offsets.stop)
+                    n += k
+                    continue
                 new = lane.pending.add(meta.id, offsets)
                 if not new:
                     continue
-                lane.pending_log.append(PA_ACK, pack_txn(*meta.words) + struct.pack("<I", len(new))
-                                        + np.asarray(new, "<i8").tobytes())
                 sub._hold(lane, new)
                 n += len(new)
             if lane_invariant.DEBUG:
                 for lane, _ in checked:
                     lane_invariant.changed(lane)
         return n
+
+    def ack_one(self, meta, message_id) -> None:
+        """:meth:`ack_txn` of one message: ``ack(m, txn=)``, the README's
+        loop. The pending-ack table checks and records the offset in one
+        compiled call; the log gets it with the rest of the transaction's
+        acks here (:meth:`write_txn`)."""
+        sub = self.subscription
+        topic, partition, offset = message_id
+        lanes = sub.lanes
+        if (topic != self.topic.name or type(partition) is not int or not 0 <= partition < len(lanes)
+                or type(offset) is not int):
+            sub._lane_of(message_id)          # raises what is wrong with it
+        lane = lanes[partition]
+        if not 0 <= offset < lane.partition._segments[-1].next_offset:
+            sub._lane_of(message_id)
+        if meta.subscriptions.get(self.key) is not self:
+            sub.broker._coordinator_of(meta).register_subscription(meta, self)
+        with sub.lock:
+            if meta.state is not TxnState.OPEN:
+                raise meta.not_open("acknowledge")
+            cursor = lane.cursor
+            r = lane.pending.add_one(meta.id, offset, cursor.mark_delete, cursor.acked)
+            if r > 0:        # (Subscription._hold of one offset, inline)
+                if lane.outstanding.pop(offset, None) is None and lane.ranges:
+                    cut_delivery(lane.ranges, offset)
+            elif r < 0:
+                self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
+                    meta.id, (offset,), cursor.mark_delete, cursor.acked))
+            if lane_invariant.DEBUG:
+                lane_invariant.changed(lane)
+
+    def write_txn(self, txn_id) -> None:
+        """Frame the acks ``txn_id`` made here that are not in the
+        pending-ack logs yet: one ACK frame per lane, before the
+        transaction's decision (``Transaction.commit``), so that recovery
+        can redo a decided commit."""
+        sub = self.subscription
+        with sub.lock:
+            if sub.closed:
+                return
+            for lane in sub.lanes:
+                new = lane.pending.take_unlogged(txn_id)
+                if new is not None:
+                    lane.pending_log.append(PA_ACK, pack_txn(*txn_id.words) + struct.pack("<I", len(new))
+                                            + new.astype("<i8").tobytes())
+
+    def _write_lane(self, lane, txn_id) -> None:
+        new = lane.pending.take_unlogged(txn_id)
+        if new is not None:
+            lane.pending_log.append(PA_ACK, pack_txn(*txn_id.words) + struct.pack("<I", len(new))
+                                    + new.astype("<i8").tobytes())
+
+    def txn_ack_ranges(self, txn_id) -> list:
+        """``[[(start, end), ...] per lane]``: the offsets ``txn_id``
+        acknowledged individually on each partition, as ranges."""
+        sub = self.subscription
+        with sub.cond:
+            return [lane.pending.ranges_of(txn_id) for lane in sub.lanes]
 
     def ack_cumulative_txn(self, meta, message_id) -> None:
         """Cumulative ack inside transaction ``meta`` (exclusive / failover)."""
@@ -140,9 +210,12 @@ class PendingAcks:
         needs it (its decision record holds the acks as ranges); kept for
         callers that want the pending-ack log itself durable."""
         sub = self.subscription
+        logs = []
         with sub.cond:
-            logs = [(lane.pending_log, lane.pending_log.written) for lane in sub.lanes
-                    if txn_id in lane.pending.txns()]
+            for lane in sub.lanes:
+                if txn_id in lane.pending.txns():
+                    self._write_lane(lane, txn_id)
+                    logs.append((lane.pending_log, lane.pending_log.written))
         for plog, mark in logs:
             plog.sync_to(mark)
 
@@ -156,9 +229,10 @@ class PendingAcks:
         operation under the GIL."""
         out = []
         for lane in self.subscription.lanes:
-            offsets, cumulative = lane.pending.peek(txn_id)
-            if offsets or cumulative >= 0:
-                out.append((lane.partition.index, cumulative, ranges_of(offsets)))
+            pending = lane.pending
+            ranges, cumulative = pending.ranges_of(txn_id), pending.peek_cumulative(txn_id)
+            if ranges or cumulative >= 0:
+                out.append((lane.partition.index, cumulative, ranges))
         return out
 
     def redo_commit(self, partition: int, cumulative: int, ranges: list) -> None:
@@ -182,33 +256,42 @@ class PendingAcks:
         abort the messages become deliverable again with redelivery count
         + 1. Ending twice changes nothing."""
         sub = self.subscription
-        now = time.monotonic()
         frame = pack_txn(*txn_id.words)
-        with sub.cond:
+        with sub.lock:
             for lane in sub.lanes:
                 # Taken out only once applied: a failure leaves them for the retry.
-                offsets, cumulative = lane.pending.peek(txn_id)
-                if not offsets and cumulative < 0:
+                ranges = lane.pending.ranges_of(txn_id)
+                cumulative = lane.pending.peek_cumulative(txn_id)
+                if not ranges and cumulative < 0:
                     continue
                 if commit:
+                    if lane.pending.has_unlogged(txn_id):
+                        # An ack that raced the commit from another thread
+                        # reaches the log before the cursor.
+                        self._write_lane(lane, txn_id)
                     # Cursor frames stay in the page cache, and the COMMIT
                     # frame waits until they are synced (flush): until
                     # then the pending-ack log and the coordinator's decision
                     # can redo this.
-                    sub._apply_acks(lane, offsets, cumulative, sync=False)
+                    sub._apply_ack_ranges(lane, ranges, cumulative, sync=False)
                     lane.pending.take(txn_id)
                 else:
-                    lane.pending.take(txn_id)
+                    offsets = lane.pending.take(txn_id)[0]
                     again = set(offsets)
                     if cumulative >= 0:
                         again.update(range(lane.cursor.mark_delete, cumulative + 1))
                     # Offsets still waiting in the read buffer go out from there.
                     read_up_to = (lane.buffer[lane.buf_i].offset if lane.buf_i < len(lane.buffer)
                                   else lane.read_offset)
+                    # (settled() and _queue_redelivery(), inline: an abort
+                    # makes every offset it held deliverable again at once)
+                    md, acked, pending = lane.cursor.mark_delete, lane.cursor.acked, lane.pending
+                    counts, outstanding, redeliver = lane.redelivery_count, lane.outstanding, lane.redeliver
                     for off in sorted(again):
-                        if (off < read_up_to and not lane.settled(off)
-                                and off not in lane.outstanding):
-                            sub._queue_redelivery(lane, off, now)
+                        if (off < read_up_to and off >= md and not acked.contains(off)
+                                and not (len(pending) and pending.is_pending(off)) and off not in outstanding):
+                            counts[off] = counts.get(off, 0) + 1
+                            heapq.heappush(redeliver, (0.0, off))
                 if commit:
                     lane.unsynced_commits.append(frame)
                 else:
@@ -216,9 +299,11 @@ class PendingAcks:
                 if lane.pending_log.frames_since_snapshot >= COMPACT_FRAMES:
                     self.sync_commits(lane)
                     lane.pending_log.compact(lane.pending.to_bytes())
+                    lane.pending.mark_logged()
                 if lane_invariant.DEBUG:
                     lane_invariant.changed(lane)
-            sub.cond.notify_all()
+            if not commit:
+                sub.cond.notify_all()      # (a commit makes nothing deliverable)
 
     def flush(self) -> None:
         """Make the cursor frames of committed transactions durable, then

@@ -65,6 +65,11 @@ from txmq.transactions.records import TxnID
 log = logging.getLogger("txmq.subscription")
 
 TYPES = ("exclusive", "shared", "failover")
+# A run of at least this many fresh messages is delivered as one range
+# (``_Lane.ranges``) rather than an entry per offset: its ack is then one
+# range too. Shorter ones keep per-offset entries, so a consumer holding
+# many single messages acks each in O(1).
+RANGE_DELIVERY_MIN = 16
 POSITIONS = ("latest", "earliest")
 
 
@@ -132,7 +137,10 @@ class Subscription:
         self.initial_position = initial_position
         self.ack_timeout = ack_timeout
         self.nack_delay = nack_delay
-        self.cond = threading.Condition(threading.Lock())
+        # The subscription lock, taken as ``cond`` or, where nothing waits
+        # or is woken, as the plain lock (no Python-level call).
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.consumers: list = []
         self._next_consumer_id = 0
         self.closed = False
@@ -321,6 +329,14 @@ class Subscription:
 
     def _deliver(self, lane: _Lane, consumer, offsets: list, now: float) -> None:
         cid = consumer.id
+        if type(offsets) is range and len(offsets) >= RANGE_DELIVERY_MIN:
+            # A dense run is one batch delivery, as receive_batch makes, not
+            # an entry per offset.
+            start, end = offsets.start, offsets.stop
+            lane.ranges.append([start, end, cid])
+            if self.ack_timeout:
+                lane.deadlines.append((now + self.ack_timeout, None, start, end, cid))
+            return
         lane.outstanding.update(dict.fromkeys(offsets, cid))
         if self.ack_timeout:
             lane.deadlines.append((now + self.ack_timeout, list(offsets), 0, 0, cid))
@@ -567,8 +583,13 @@ class Subscription:
         checked = []
         for (topic, partition), offsets in groups.items():
             # Every offset lies in [min, max]: checking both ends checks all.
-            lane = self._lane_of(MessageId(topic, partition, max(offsets)))
-            self._lane_of(MessageId(topic, partition, min(offsets)))
+            if type(offsets) is range:          # a run (group_offsets)
+                lo, hi = offsets.start, offsets.stop - 1
+            else:
+                lo, hi = min(offsets), max(offsets)
+            lane = self._lane_of(MessageId(topic, partition, hi))
+            if lo != hi:
+                self._lane_of(MessageId(topic, partition, lo))
             checked.append((lane, offsets))
         return checked
 
@@ -606,15 +627,48 @@ class Subscription:
                 for off in [o for o in table if o < md]:
                     del table[off]
         if offsets:
-            n = len(lane.cursor.ack(offsets, sync))
-            pop = lane.outstanding.pop
-            for off in offsets:
-                pop(off, None)
+            if type(offsets) is range:
+                # A delivery acked whole: one range, one cursor frame.
+                n = lane.cursor.ack_range(offsets.start, offsets.stop, sync)
+            else:
+                n = len(lane.cursor.ack(offsets, sync))
+            if lane.outstanding:
+                pop = lane.outstanding.pop
+                for off in offsets:
+                    pop(off, None)
             if lane.redelivery_count:
                 for off in offsets:
                     lane.redelivery_count.pop(off, None)
-        self._trim_ranges(lane)
+        if lane.ranges:
+            self._trim_ranges(lane)
         return n
+
+    def _apply_ack_ranges(self, lane: _Lane, ranges: list, cumulative: int = -1, sync: bool = True) -> None:
+        """:meth:`_apply_acks` of offsets given as sorted ``[(start, end)]``
+        ranges (a transaction's pending acks): one cursor frame per range
+        (lock held). The offsets left every dispatch state when they were
+        acked in the transaction; only their redelivery counts remain."""
+        if len(ranges) > 8:      # scattered: one frame of offsets beats many of ranges
+            offsets = [o for a, b in ranges for o in range(a, b)]
+            self._apply_acks(lane, offsets, cumulative, sync)
+            return
+        cursor = lane.cursor
+        if cumulative >= 0:
+            self._apply_acks(lane, (), cumulative, sync)
+        for a, b in ranges:
+            cursor.ack_range(a, b, sync)
+        counts = lane.redelivery_count
+        if counts:
+            pop = counts.pop
+            for a, b in ranges:
+                if b - a <= len(counts):
+                    for off in range(a, b):
+                        pop(off, None)
+                else:
+                    for off in [o for o in counts if a <= o < b]:
+                        del counts[off]
+        if lane.ranges:
+            self._trim_ranges(lane)
 
     def ack_range(self, partition: int, start: int, end: int) -> int:
         """Acknowledge offsets [start, end) of one partition (Arrow batches)."""
@@ -675,6 +729,24 @@ class Subscription:
         missing = [off for off in offsets if pop(off, None) is None]
         if missing and lane.ranges:
             _cut_from_ranges(lane, sorted(missing))
+
+    def _hold_span(self, lane: _Lane, start: int, end: int) -> None:
+        """:meth:`_hold` of the offsets [start, end)."""
+        if lane.outstanding:
+            pop = lane.outstanding.pop
+            for off in range(start, end):
+                pop(off, None)
+        if lane.ranges:
+            out = []
+            for s, e, cid in lane.ranges:
+                if e <= start or s >= end:
+                    out.append([s, e, cid])
+                    continue
+                if s < start:
+                    out.append([s, start, cid])
+                if e > end:
+                    out.append([end, e, cid])
+            lane.ranges = out
 
     # -- seeking -----------------------------------------------------------------
 
@@ -744,6 +816,10 @@ class Subscription:
             self.cond.notify_all()
             for lane in self.lanes:
                 lane.partition.remove_listener(self._on_append)
+                # Acks of open transactions reach the log (the next open
+                # aborts them), as their accumulated sends reach the partitions.
+                for txn_id in lane.pending.unlogged_txns():
+                    self.pending_acks._write_lane(lane, txn_id)
                 self.pending_acks.sync_commits(lane)
                 lane.cursor.close()
                 lane.pending_log.close()

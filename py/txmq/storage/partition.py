@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 from txmq._batch import FLAG, BatchSpec
-from txmq._segment import SegmentClosedError
+from txmq._segment import SegmentClosedError, now_ms
 from txmq._producers import FENCED
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING, ReadViewWriter
 from txmq.errors import CorruptLogError, StorageFullError
@@ -39,6 +38,7 @@ from txmq.storage.delivery import never_delivered, undelivered
 from txmq.storage.layout import (PRODUCERS_FILE, READVIEW_FILE, TXNBUF_FILE, is_leftover, read_producer_snapshot,
                                  read_txn_snapshot)
 from txmq.storage.loader import Dropped
+from txmq.storage import log as segment_log
 from txmq.storage.log import SegmentLog, log
 from txmq.storage.producer_state import DEFAULT_PRODUCER_EXPIRATION_MS, ProducerState
 from txmq.storage.txnbuffer import MARKER_FLAGS, TxnBuffer
@@ -49,10 +49,6 @@ TRANSACTIONAL = FLAG["transactional"]
 # transactional control batch of no transaction and no marker kind, one
 # offset per lost offset, never delivered.
 GAP_FLAGS = FLAG["transactional"] | FLAG["control"]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Partition(SegmentLog):
@@ -170,10 +166,19 @@ class Partition(SegmentLog):
                     # (TxnBuffer.begin, inline: the hot path of every transactional send).
                     txns = self.txns
                     txns.seen = True
-                    added = txns.ongoing.add(txn_hi, txn_lo, self.end_offset, self.clock())
+                    added = txns.ongoing.add(txn_hi, txn_lo, self._segments[-1].next_offset, self.clock())
                 try:
-                    base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
-                                               base_sequence)
+                    # (_append_locked, inline for the active segment's common case)
+                    now = self.clock()
+                    if now < self.last_publish_time:
+                        now = self.last_publish_time
+                    base = self._segments[-1].append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                                     base_sequence, now)
+                    if base < 0:             # full: roll
+                        base = self._append_locked(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                                                   base_sequence)
+                    else:
+                        self.last_publish_time = now
                 except BaseException:
                     if added:
                         self.txns.undo_begin(txn_hi, txn_lo)
@@ -181,9 +186,16 @@ class Partition(SegmentLog):
                 if producer_id >= 0:         # (ProducerState.record, inline)
                     self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                                      self.last_publish_time)
-                self._maybe_checkpoint()
-                end = self.end_offset
-                self._publish(end)
+                segs = self._segments
+                active = segs[-1]
+                if active.size - self._checkpoint_pos >= segment_log.CHECKPOINT_BYTES:     # (_maybe_checkpoint, inline)
+                    self._checkpoint()
+                    segs = self._segments
+                    active = segs[-1]
+                end = active.next_offset
+                txns = self.txns          # (_publish, inline)
+                self._readview.publish(RV_LIVE, segs[0].base_offset, end, txns.ongoing.max_read_position(end),
+                                       active.base_offset, active.size, txns.aborted.version)
         # A retry's answer waits for the sync too: the first send of that
         # batch may still be making it durable on another thread.
         if txn is None and (self._sync_always if sync is None else sync):
@@ -354,8 +366,10 @@ class Partition(SegmentLog):
             base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
             # (an abort is also indexed in its marker's segment)
             snapshot = self.txns.ended(hi, lo, commit, base, pid, None if commit else self.segment_base(base))
-            self._maybe_checkpoint()
-            self._publish(self.end_offset)
+            active = self._segments[-1]
+            if active.size - self._checkpoint_pos >= segment_log.CHECKPOINT_BYTES:     # (_maybe_checkpoint, inline)
+                self._checkpoint()
+            self._publish(active.next_offset)
         if snapshot:
             self.snapshot_txn_buffer()
         if self._listeners:

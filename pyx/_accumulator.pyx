@@ -1,0 +1,270 @@
+# cython: boundscheck=False, wraparound=False
+"""The send accumulator: one-message sends inside a transaction gathered
+into batches, as Kafka's producer accumulator (``batch.size``,
+``linger.ms``) and Pulsar's batching producer gather them.
+
+A :class:`SendAccumulator` belongs to one producer, one transaction and
+one partition. :meth:`SendAccumulator.add` checks a message (types, size)
+and keeps it, with no copy of a ``bytes`` value; :meth:`take` hands the
+messages kept so far to the caller as one ``BatchSpec``, which appends
+them as one batch, and :meth:`flushed` records the batch's base offset.
+Each send gets a :class:`PendingMessageId` that knows its batch and its
+index in it: its offset is known once that batch is appended, and asking
+for it earlier appends the batch then (through ``flush_cb``).
+
+No policy, no threads: ``add`` and ``take`` run without releasing the GIL
+or calling Python code, so a caller's flush lock around ``take`` and the
+append is all a background flush needs.
+"""
+from cpython.bytes cimport PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.long cimport PyLong_CheckExact
+from libc.stdint cimport int64_t
+
+import time
+
+from txmq._batch import BatchSpec, encode_headers
+from txmq.errors import InvalidMessageError, MessageTooLargeError
+
+
+# Per message in a batch: its key and value offsets, its event-time delta
+# and a margin for alignment, counted with its bytes against batch_bytes so
+# that a batch never outgrows what its limit promised (a segment).
+cdef Py_ssize_t MESSAGE_OVERHEAD = 16
+# Event times of one batch are stored as int32 deltas from the first.
+cdef int64_t SPAN_MAX = (1 << 31) - 2
+# Messages per batch at most, however small.
+MAX_COUNT = 1 << 16
+
+
+cdef class SendAccumulator:
+    """The open batch of one (producer, transaction, partition), and the
+    base offsets of the batches already appended."""
+    cdef public object partition      # where the batches go
+    cdef public object meta           # the transaction (its coordinator record)
+    cdef public object producer       # the producer sending (id, epoch, fence)
+    cdef public object lock           # held by a flush around take() and the append
+    cdef public object flush_cb       # flush_cb(accumulator): append the open batch now
+    cdef public object error          # what failed a flush: every later use raises it
+    cdef readonly str topic
+    cdef readonly int partition_index
+    cdef readonly Py_ssize_t count    # messages in the open batch
+    cdef readonly Py_ssize_t nbytes   # their key and value bytes
+    cdef readonly double first_at     # time.monotonic() of the open batch's first message
+    cdef Py_ssize_t batch_bytes, max_message_bytes
+    cdef int64_t t_min, t_max         # the event times given in the open batch
+    cdef list values, keys, headers, times
+    cdef bint any_key, any_headers, any_time
+    cdef list bases                   # base offset of each appended batch, in order
+    cdef Py_ssize_t taken             # batches taken (the open one's number); appended in this order
+
+    def __init__(self, partition, meta, producer, lock, flush_cb, Py_ssize_t batch_bytes,
+                 Py_ssize_t max_message_bytes):
+        self.partition = partition
+        self.meta = meta
+        self.producer = producer
+        self.lock = lock
+        self.flush_cb = flush_cb
+        self.topic = partition.topic
+        self.partition_index = partition.index
+        self.batch_bytes = batch_bytes
+        self.max_message_bytes = max_message_bytes
+        self.bases = []
+        self._reset()
+
+    cdef _reset(self):
+        self.values = []
+        self.keys = None
+        self.headers = None
+        self.times = None
+        self.any_key = self.any_headers = self.any_time = False
+        self.count = 0
+        self.nbytes = 0
+
+    @property
+    def full(self):
+        """The open batch reached ``batch_bytes`` (or ``MAX_COUNT``
+        messages): append it now."""
+        return self.nbytes >= self.batch_bytes or self.count >= MAX_COUNT
+
+    @property
+    def batches(self):
+        """How many batches were appended."""
+        return len(self.bases)
+
+    cpdef PendingMessageId add(self, value, key, headers, event_time):
+        """Keep one message (``key`` None or bytes, ``event_time`` None or
+        an int); its id, or None when the open batch must be appended
+        before this message joins one (it would pass ``batch_bytes``, or
+        its event time lies too far from the batch's). Raises
+        InvalidMessageError / MessageTooLargeError, keeping nothing, for
+        what ``send`` would refuse."""
+        cdef Py_ssize_t size
+        cdef int64_t t = 0
+        if self.error is not None:
+            raise self.error
+        if not PyBytes_CheckExact(value):
+            if isinstance(value, (bytearray, memoryview)):
+                value = bytes(value)       # the caller may change it before the batch is appended
+            else:
+                raise InvalidMessageError("value at index 0 (expected bytes)", value)
+        size = PyBytes_GET_SIZE(value)
+        if key is not None:
+            size += PyBytes_GET_SIZE(key)
+        if size > self.max_message_bytes:
+            raise MessageTooLargeError(size, self.max_message_bytes)
+        if event_time is not None:
+            if not PyLong_CheckExact(event_time):
+                raise InvalidMessageError("event_time (expected int milliseconds)", event_time)
+            try:
+                t = event_time
+            except OverflowError:
+                raise InvalidMessageError("event_time (expected int64 milliseconds)", event_time)
+        # What the message adds to the encoded batch besides its bytes:
+        # its offsets and event-time delta (and its headers, encoded now so
+        # that bad ones are refused by this send, not by the append).
+        cdef Py_ssize_t encoded = size + MESSAGE_OVERHEAD
+        if headers:
+            encoded += len(encode_headers(headers)) + 4
+        cdef Py_ssize_t i = self.count
+        if i and (self.nbytes + encoded > self.batch_bytes or (
+                event_time is not None and self.any_time and (t - self.t_min > SPAN_MAX or self.t_max - t > SPAN_MAX))):
+            return None
+        if event_time is not None:
+            if not self.any_time or t < self.t_min:
+                self.t_min = t
+            if not self.any_time or t > self.t_max:
+                self.t_max = t
+        if self.count == 0:
+            self.first_at = time.monotonic()
+        self.values.append(value)
+        if key is not None or self.any_key:
+            if not self.any_key:
+                self.keys = [None] * i
+                self.any_key = True
+            self.keys.append(key)
+        if headers or self.any_headers:
+            if not self.any_headers:
+                self.headers = [None] * i
+                self.any_headers = True
+            self.headers.append(headers or None)
+        if event_time is not None or self.any_time:
+            if not self.any_time:
+                self.times = [None] * i
+                self.any_time = True
+            self.times.append(event_time)
+        self.count = i + 1
+        self.nbytes += encoded
+        cdef PendingMessageId mid = PendingMessageId.__new__(PendingMessageId)
+        mid.acc = self
+        mid.batch = self.taken
+        mid.index = i
+        mid.offset_ = -1
+        return mid
+
+    def take(self):
+        """The open batch as a BatchSpec (None when empty); the next
+        messages start a new one. Call :meth:`flushed` or :meth:`failed`
+        after appending it."""
+        if self.count == 0:
+            return None
+        # The open batch is swapped out before anything that may run Python
+        # code (and so let another thread's add() in): a message added from
+        # here on belongs to the next batch, as its id says.
+        values, keys, headers, times = self.values, self.keys, self.headers, self.times
+        any_time, t_min, t_max = self.any_time, self.t_min, self.t_max
+        self._reset()
+        self.taken += 1
+        if any_time:
+            # A message sent without an event time takes the batch's send
+            # time, as the publish time stands in for it in a batch with none.
+            # (Kept within the span of the given ones: deltas are int32.)
+            now = min(max(time.time_ns() // 1_000_000, t_max - SPAN_MAX), t_min + SPAN_MAX)
+            times = [now if t is None else t for t in times]
+        return BatchSpec(values, keys, headers, times)
+
+    def flushed(self, int64_t base):
+        """The batch :meth:`take` gave was appended at ``base``."""
+        self.bases.append(base)
+
+    def failed(self, error):
+        """Appending the batch :meth:`take` gave failed: it and every later
+        use of this accumulator raise ``error``."""
+        self.error = error
+        self.bases.append(-1)
+
+    cdef int64_t base_of(self, Py_ssize_t batch) except? -1:
+        """The base offset of batch ``batch``, appending it first if it is
+        the open one."""
+        if batch >= len(self.bases):
+            self.flush_cb(self)
+        if batch >= len(self.bases):
+            raise RuntimeError("the open batch was not appended")
+        cdef int64_t base = self.bases[batch]
+        if base < 0:
+            raise self.error
+        return base
+
+    def __repr__(self):
+        return (f"SendAccumulator({self.topic}/{self.partition_index}, {self.meta!r}, "
+                f"{self.count} open, {len(self.bases)} appended)")
+
+
+cdef class PendingMessageId:
+    """The id of a message sent into a transaction: ``(topic, partition,
+    offset)``, like a MessageId. ``topic`` and ``partition`` are known at
+    once; reading ``offset`` (or comparing, hashing, unpacking) appends the
+    message's batch first if it is still accumulating, and raises what
+    that append raised. :meth:`done` says whether it is appended."""
+    cdef SendAccumulator acc
+    cdef Py_ssize_t batch, index
+    cdef int64_t offset_
+
+    @property
+    def topic(self):
+        return self.acc.topic
+
+    @property
+    def partition(self):
+        return self.acc.partition_index
+
+    @property
+    def offset(self):
+        if self.offset_ < 0:
+            self.offset_ = self.acc.base_of(self.batch) + self.index
+        return self.offset_
+
+    def done(self):
+        """True once the message is in the log (its offset known)."""
+        return self.offset_ >= 0 or self.batch < len(self.acc.bases)
+
+    def result(self):
+        """The plain ``(topic, partition, offset)`` tuple."""
+        return (self.acc.topic, self.acc.partition_index, self.offset)
+
+    def __len__(self):
+        return 3
+
+    def __iter__(self):
+        return iter(self.result())
+
+    def __getitem__(self, i):
+        return self.result()[i]
+
+    def __eq__(self, other):
+        if isinstance(other, PendingMessageId):
+            other = other.result()
+        if isinstance(other, tuple):
+            return self.result() == other
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(self.result())
+
+    def __str__(self):
+        return f"{self.acc.topic}/{self.acc.partition_index}@{self.offset}"
+
+    def __repr__(self):
+        if not self.done():
+            return (f"PendingMessageId(topic={self.acc.topic!r}, partition={self.acc.partition_index}, "
+                    f"offset=<not appended yet>)")
+        return f"PendingMessageId(topic={self.acc.topic!r}, partition={self.acc.partition_index}, offset={self.offset})"
