@@ -13,10 +13,23 @@ batch are zero: a zero magic is the clean end of a segment; anything else
 that fails a check is a torn or corrupt tail. A sealed segment ends at its
 last batch.
 
-The active segment is a file of ``segment_bytes_max`` bytes whose blocks
-are reserved with ``posix_fallocate`` a chunk ahead of the writer (a full
-disk is an ``OSError`` at append time), mapped read-only at its full
-capacity.
+The active segment may grow to ``segment_bytes_max`` bytes (its capacity,
+the length it is mapped at). Its file is only as long as the blocks
+reserved for it with ``posix_fallocate`` ahead of the writer (a full disk
+is an ``OSError`` at append time): the reservation starts at
+``RESERVE_MIN_BYTES`` and doubles each time the writer reaches its end, up
+to the capacity, so an idle partition holds 64 KiB of disk and a busy one
+at most twice what it wrote. Reserved bytes read as zeros, so the end of
+the batches is found as before.
+
+Open files are a budget (:class:`SegmentBudget`): a segment holds a
+descriptor and a mapping only while it is among the ``limit`` most
+recently used of its budget (a CLOCK approximation of LRU); an idle one is
+parked (descriptor closed, mapping dropped) and reopened by its next use.
+A use in progress (``users``) is never parked, and a parked mapping that
+an Arrow array or a memoryview still exports stays mapped until the last
+one is released (``txmq._mapping``), so eviction never invalidates a value
+a caller holds.
 
 Each message byte is copied once, from the caller's buffers into the page
 cache behind the mapping, by one of two sinks. A fresh page of a shared
@@ -44,6 +57,9 @@ from posix.uio cimport iovec, pwritev
 from posix.unistd cimport close as c_close
 
 import os
+import resource
+import threading
+import weakref
 
 import numpy as np
 
@@ -64,9 +80,11 @@ cdef enum:
     # pwritev: the crossover of a per-page fault and a per-batch syscall.
     SMALL_BATCH_BYTES = 2048
 
-# Blocks are reserved this far ahead of the writer, so a full disk is an
-# OSError at append time, not a SIGBUS.
-cdef Py_ssize_t FALLOCATE_CHUNK_C = 8 * 1024 * 1024
+# Blocks are reserved ahead of the writer, so a full disk is an OSError at
+# append time, not a SIGBUS: first this much, then twice what is reserved
+# each time the writer reaches its end (capped by the capacity).
+RESERVE_MIN_BYTES = 64 * 1024
+cdef Py_ssize_t RESERVE_MIN_C = RESERVE_MIN_BYTES
 
 
 class SegmentClosedError(Exception):
@@ -97,8 +115,126 @@ cdef ssize_t _pwritev_all(int fd, iovec *iov, Py_ssize_t n, Py_ssize_t pos) noex
     return 0
 
 
+cdef class Segment
+
+
+def default_open_files():
+    """The segments a process keeps open by default: half its descriptor
+    limit (``RLIMIT_NOFILE``, the soft one), leaving the rest to sockets,
+    logs and the application, and at most a quarter of ``vm.max_map_count``
+    (each open segment is one mapping); at least 16."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
+        soft = 1 << 20
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            maps = int(f.read())
+    except (OSError, ValueError):
+        maps = 65530
+    return max(16, min(soft // 2, maps // 4))
+
+
+cdef class SegmentBudget:
+    """At most ``limit`` segments open at once (one descriptor and one
+    mapping each), across every log that opens its segments through this
+    budget. Opening one more parks the least recently used idle one (CLOCK:
+    each use sets a segment's bit, the hand clears it once before parking);
+    a segment in use is skipped, so a budget whose every segment is in use
+    runs over until one is released. Thread-safe."""
+    cdef readonly Py_ssize_t limit
+    cdef list ring                       # weak references to open segments; None: a free slot
+    cdef list free_slots
+    cdef Py_ssize_t hand
+    cdef readonly Py_ssize_t open_count  # slots taken (a segment freed unclosed counts until swept)
+    cdef readonly Py_ssize_t opened      # segments opened or reopened through this budget, ever
+    cdef readonly Py_ssize_t parked      # ... and parked by it
+    cdef object lock
+
+    def __init__(self, Py_ssize_t limit):
+        if limit < 1:
+            raise ValueError(f"a budget of {limit} open segments")
+        self.limit = limit
+        self.ring = []
+        self.free_slots = []
+        self.lock = threading.Lock()
+
+    cdef int admit(self, Segment seg) except -1:
+        """Count ``seg`` (just opened, in use) and park others if over."""
+        cdef Py_ssize_t slot
+        with self.lock:
+            if self.free_slots:
+                slot = self.free_slots.pop()
+                self.ring[slot] = weakref.ref(seg)
+            else:
+                slot = len(self.ring)
+                self.ring.append(weakref.ref(seg))
+            seg.slot = slot
+            self.open_count += 1
+            self.opened += 1
+            self._shrink()
+        return 0
+
+    cdef int leave(self, Segment seg) except -1:
+        """``seg`` closed for good: its slot is free."""
+        with self.lock:
+            if seg.slot >= 0:
+                self._free(seg.slot)
+                seg.slot = -1
+        return 0
+
+    cdef void _free(self, Py_ssize_t slot):
+        self.ring[slot] = None
+        self.free_slots.append(slot)
+        self.open_count -= 1
+
+    cdef int _shrink(self) except -1:
+        # Lock held. Between the check of a segment's users and its parking
+        # nothing releases the GIL, so a thread that starts using it either
+        # saw it open (and is counted in users, so it is skipped) or sees
+        # it parked (and reopens it).
+        cdef Py_ssize_t steps = 0, n = len(self.ring)
+        cdef Segment seg
+        while self.open_count > self.limit and steps <= 2 * n + 1:
+            steps += 1
+            self.hand = (self.hand + 1) % n
+            ref = self.ring[self.hand]
+            if ref is None:
+                continue
+            obj = ref()
+            if obj is None:                 # freed without close(): its descriptor went with it
+                self._free(self.hand)
+                continue
+            seg = <Segment>obj
+            if seg.users > 0:
+                continue
+            if seg.recent:
+                seg.recent = False
+                continue
+            self._free(self.hand)
+            seg.slot = -1
+            seg._park()
+            self.parked += 1
+        return 0
+
+    def stats(self) -> dict:
+        return {"limit": self.limit, "open": self.open_count, "opened": self.opened, "parked": self.parked}
+
+
+cdef SegmentBudget _default_budget = None
+
+
+def default_budget():
+    """The process's shared budget, of :func:`default_open_files` segments."""
+    global _default_budget
+    if _default_budget is None:
+        _default_budget = SegmentBudget(default_open_files())
+    return _default_budget
+
+
 cdef class Segment:
-    """One segment file of a partition log, mapped, with its sparse indexes."""
+    """One segment file of a partition log, mapped, with its sparse indexes.
+    Its descriptor and mapping come and go with its ``budget`` (default:
+    :func:`default_budget`); every method reopens them as needed."""
     cdef readonly object path
     cdef readonly int64_t base_offset
     cdef readonly int64_t next_offset
@@ -106,8 +242,14 @@ cdef class Segment:
     cdef readonly Py_ssize_t capacity
     cdef readonly bint writable
     cdef readonly int64_t last_publish_time
-    cdef readonly Mapping mapping
+    cdef Mapping _map
     cdef int fd
+    cdef SegmentBudget budget
+    cdef Py_ssize_t slot                 # in the budget's ring; -1: parked or closed
+    cdef bint recent                     # used since the budget's hand last passed
+    cdef int users                       # uses in progress: never parked meanwhile
+    cdef bint shut                       # closed for good
+    cdef object __weakref__
     cdef Py_ssize_t allocated
     cdef bint unreserved                 # the file system refused posix_fallocate
     # CRC is checked once per batch per process. Verified: the prefix
@@ -123,8 +265,10 @@ cdef class Segment:
     cdef Py_ssize_t idx_n, tix_n
 
     def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
-                 Py_ssize_t index_interval=4096):
+                 Py_ssize_t index_interval=4096, SegmentBudget budget=None):
         self.path = os.fspath(path)
+        self.budget = budget if budget is not None else default_budget()
+        self.slot = -1
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.writable = writable
@@ -137,24 +281,99 @@ cdef class Segment:
         self.tix_ts = np.empty(64, np.int64)
         self.tix_off = np.empty(64, np.int64)
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
-        self.fd = os.open(self.path, flags, 0o644)
-        file_size = os.fstat(self.fd).st_size
-        if writable:
-            self.capacity = max(capacity, file_size)
-            if file_size < self.capacity:
-                os.ftruncate(self.fd, self.capacity)
+        fd = os.open(self.path, flags, 0o644)
+        try:
+            file_size = os.fstat(fd).st_size
+            # The file grows with its reservation (_reserve), never up front.
+            self.capacity = max(capacity, file_size) if writable else file_size
             self.allocated = file_size
-        else:
-            self.capacity = file_size
+        except BaseException:
+            os.close(fd)
+            raise
         self.size = 0
         self.verified_end = 0
         self.verified_from = PY_SSIZE_T_MAX
-        if self.capacity > 0:
-            self.mapping = Mapping(self.fd, self.capacity, writable)
+        self.users += 1
+        try:
+            self._adopt(fd)
+        finally:
+            self.users -= 1
+
+    cdef int _adopt(self, int fd) except -1:
+        """Map the file open at ``fd`` and count it in the budget (the
+        caller holds a use, so the budget cannot park it at once)."""
+        try:
+            self._map = Mapping(fd, self.capacity, self.writable) if self.capacity > 0 else None
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self.recent = True
+        self.budget.admit(self)
+        return 0
+
+    cdef int _reopen(self) except -1:
+        if self.shut:
+            raise SegmentClosedError(f"{self.path}: segment is closed")
+        try:
+            fd = os.open(self.path, os.O_RDWR if self.writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise SegmentClosedError(f"{self.path} was deleted") from None
+        self._adopt(fd)
+        return 0
+
+    cdef inline int _use(self) except -1:
+        """Hold the descriptor and mapping (reopened if parked) until
+        :meth:`_unuse`."""
+        self.users += 1
+        self.recent = True
+        if self.fd < 0:
+            try:
+                self._reopen()
+            except BaseException:
+                self.users -= 1
+                raise
+        return 0
+
+    cdef inline void _unuse(self) noexcept:
+        self.users -= 1
+
+    cdef void _park(self) noexcept:
+        """Close the descriptor and drop the mapping (the budget's call,
+        with no use in progress). Views of the mapping keep it mapped."""
+        cdef int fd = self.fd
+        m = self._map
+        self.fd = -1
+        self._map = None
+        if m is not None:
+            m.close()
+        if fd >= 0:
+            c_close(fd)
+
+    @property
+    def parked(self):
+        """Whether the budget closed this segment's descriptor (reopened
+        by its next use)."""
+        return self.fd < 0 and not self.shut
+
+    @property
+    def mapping(self):
+        """The mapping (reopened if parked; None for an empty read-only
+        file). A view taken of it keeps it mapped after the segment is
+        parked or closed."""
+        if self.shut:
+            return self._map
+        self._use()
+        try:
+            return self._map
+        finally:
+            self._unuse()
 
     @property
     def file_size(self):
-        return os.fstat(self.fd).st_size
+        if self.fd >= 0:
+            return os.fstat(self.fd).st_size
+        return os.stat(self.path).st_size
 
     # -- appending ---------------------------------------------------------
 
@@ -173,13 +392,24 @@ cdef class Segment:
             raise PermissionError(f"{self.path} is open read-only")
         if start + need > self.capacity:
             return -1
+        self._use()
+        try:
+            self._append(spec, need, start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                         base_sequence, publish_time)
+        finally:
+            self._unuse()
+        return base
+
+    cdef int _append(self, BatchSpec spec, Py_ssize_t need, Py_ssize_t start, int64_t base, uint16_t flags,
+                     uint64_t txn_hi, uint64_t txn_lo, int64_t producer_id, int16_t producer_epoch,
+                     int32_t base_sequence, int64_t publish_time) except -1:
         self._reserve(start + need)
         # Small batches are stored through the mapping (a page's zero-fill
         # fault is shared by many of them); large ones skip the faults with
         # pwritev (one syscall per batch). Either way, one copy.
         # A store into an unreserved page of a full disk is a SIGBUS, so
         # without a reservation every batch goes through pwritev.
-        self._write(spec, self.mapping.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
+        self._write(spec, self._map.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
                     else NULL, start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                     base_sequence, publish_time)
         self._indexed(start, base, publish_time)
@@ -188,7 +418,7 @@ cdef class Segment:
         self.size = start + need
         self.next_offset = base + spec.count
         self.last_publish_time = publish_time
-        return base
+        return 0
 
     cdef int _write(self, BatchSpec spec, char *dst, Py_ssize_t start, int64_t base,
                     uint16_t flags, uint64_t txn_hi, uint64_t txn_lo, int64_t producer_id,
@@ -220,11 +450,14 @@ cdef class Segment:
             free_pieces(&pieces)
 
     cdef _reserve(self, Py_ssize_t end):
+        """Reserve (and zero) blocks up to ``end`` at least: twice what is
+        reserved, at least RESERVE_MIN_BYTES, at most the capacity. The
+        file grows with it (posix_fallocate extends it)."""
         cdef Py_ssize_t want
         cdef int rc
         if end <= self.allocated:
             return
-        want = min(self.capacity, max(end, self.allocated + FALLOCATE_CHUNK_C))
+        want = min(self.capacity, max(end, 2 * self.allocated, RESERVE_MIN_C))
         with nogil:
             rc = posix_fallocate(self.fd, self.allocated, want - self.allocated)
         if rc == 95:  # EOPNOTSUPP: no reservation, so never store through the mapping
@@ -259,12 +492,12 @@ cdef class Segment:
         """Make [start, end) durable (msync MS_SYNC); end=-1 means the log end."""
         if end < 0:
             end = self.size
-        if self.mapping is not None:
+        if self.capacity > 0 and end > start:
             self._pin()
             try:
-                self.mapping.sync(start, end)
+                self._map.sync(start, end)
             finally:
-                self.mapping.unpin()
+                self._unpin()
 
     # -- recovery ----------------------------------------------------------
 
@@ -275,16 +508,25 @@ cdef class Segment:
         the file end), else ``(position, reason)`` of the first batch that
         failed; bytes from there on are discarded (zeroed or truncated).
         """
+        self._use()
+        try:
+            return self._recover(start_pos, start_offset)
+        finally:
+            self._unuse()
+
+    cdef _recover(self, Py_ssize_t start_pos, int64_t start_offset):
         cdef Py_ssize_t pos = start_pos, limit
         cdef int64_t expected = start_offset
         cdef const char *base
         cdef str reason = None
-        if self.mapping is None:
+        if self._map is None:
             self.size = 0
             self.next_offset = start_offset
             return None if start_pos == 0 else (start_pos, "segment is empty")
-        base = self.mapping.base
-        limit = self.mapping.size
+        base = self._map.base
+        # Past the file's end the mapping has no pages (the file grows with
+        # its reservation): the scan stops there.
+        limit = min(self._map.size, os.fstat(self.fd).st_size)
         while pos < limit:
             if limit - pos >= 8 and load_u64(base + pos) == 0:
                 if self._zero_from(pos, limit):
@@ -321,12 +563,12 @@ cdef class Segment:
             self.last_indexed_pos = -self.index_interval
             while pos < self.size:
                 self._checked(pos)
-                self._indexed(pos, load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET),
-                              load_i64(self.mapping.base + pos + PUBLISH_TIME_OFFSET))
-                pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+                self._indexed(pos, load_i64(self._map.base + pos + BASE_OFFSET_OFFSET),
+                              load_i64(self._map.base + pos + PUBLISH_TIME_OFFSET))
+                pos += load_u32(self._map.base + pos + LENGTH_OFFSET)
             self.index_faults = 0
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def verify(self):
         """O(n) check of every batch (magic, length, CRC, offsets, dense
@@ -339,16 +581,16 @@ cdef class Segment:
         self._pin()
         try:
             while pos < self.size:
-                reason = check_batch(self.mapping.base + pos, self.size - pos, expected, True, NULL)
+                reason = check_batch(self._map.base + pos, self.size - pos, expected, True, NULL)
                 if reason is not None:
                     return (pos, reason)
-                expected += load_i32(self.mapping.base + pos + COUNT_OFFSET)
-                pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+                expected += load_i32(self._map.base + pos + COUNT_OFFSET)
+                pos += load_u32(self._map.base + pos + LENGTH_OFFSET)
             if expected != self.next_offset:
                 return (pos, f"batches end at offset {expected}, segment claims {self.next_offset}")
             return None
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     cdef bint _zero_from(self, Py_ssize_t pos, Py_ssize_t limit):
         """True when the bytes after a zeroed batch header are zero too, as
@@ -366,14 +608,21 @@ cdef class Segment:
         started (a torn tail, or the batches after a corrupt one)."""
         if not self.writable:
             raise PermissionError(f"{self.path} is open read-only")
+        self._use()
+        try:
+            self._truncate_at(pos, next_offset)
+        finally:
+            self._unuse()
+
+    cdef _truncate_at(self, Py_ssize_t pos, int64_t next_offset):
         while self.idx_n and self.idx_pos[self.idx_n - 1] >= pos:
             self.idx_n -= 1
         while self.tix_n and self.tix_off[self.tix_n - 1] >= next_offset:
             self.tix_n -= 1
         self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
-        # Shrinking and re-growing the file zeroes the tail and frees its blocks.
+        # Shrinking the file frees the tail's blocks; the next reservation
+        # brings back zeros.
         os.ftruncate(self.fd, pos)
-        os.ftruncate(self.fd, self.capacity)
         self.allocated = pos
         self.size = min(self.size, pos)
         self.verified_end = min(self.verified_end, pos)
@@ -405,7 +654,14 @@ cdef class Segment:
         self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
         self.size = size
         self.next_offset = next_offset
-        self._walk_tail()
+        if self._map is not None or self.fd < 0:
+            self._use()
+            try:
+                self._walk_tail()
+            finally:
+                self._unuse()
+        else:
+            self._walk_tail()
 
     cdef _walk_tail(self):
         """From the last index entry to ``size``: the true last publish time
@@ -417,11 +673,11 @@ cdef class Segment:
         cdef const char *p
         if self.tix_n:
             self.last_publish_time = max(self.last_publish_time, self.tix_ts[self.tix_n - 1])
-        if self.mapping is None or self.size == 0:
+        if self._map is None or self.size == 0:
             return
         if self.idx_n and self._idx_entry_ok(self.idx_n - 1):
             pos = self.idx_pos[self.idx_n - 1]
-        p = self.mapping.base
+        p = self._map.base
         while pos + HEADER_SIZE <= self.size and check_batch(p + pos, self.size - pos, -1, False, NULL) is None:
             self.last_publish_time = max(self.last_publish_time, load_i64(p + pos + PUBLISH_TIME_OFFSET))
             pos += load_u32(p + pos + LENGTH_OFFSET)
@@ -435,7 +691,7 @@ cdef class Segment:
         try:
             return self._locate(offset)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     cdef Py_ssize_t _locate(self, int64_t offset) except -2:
         """Position of the batch holding ``offset`` (or the first batch after
@@ -445,7 +701,7 @@ cdef class Segment:
         cdef int64_t base
         if offset >= self.next_offset or self.size == 0:
             return -1
-        p = self.mapping.base
+        p = self._map.base
         if self.idx_n:
             i = np.searchsorted(self.idx_off[:self.idx_n], offset, side="right") - 1
             if i >= 0:
@@ -468,7 +724,7 @@ cdef class Segment:
         try:
             return self._find_time(timestamp)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def _find_time(self, int64_t timestamp):
         """Offset of the first batch published at or after ``timestamp``, or -1."""
@@ -476,7 +732,7 @@ cdef class Segment:
         cdef const char *p
         if self.size == 0:
             return -1
-        p = self.mapping.base
+        p = self._map.base
         if self.tix_n:
             i = np.searchsorted(self.tix_ts[:self.tix_n], timestamp, side="left") - 1
             if i >= 0:
@@ -504,29 +760,37 @@ cdef class Segment:
             return True
         if pos < 0 or pos + HEADER_SIZE > self.size or pos % 8:
             return False
-        if check_batch(self.mapping.base + pos, self.size - pos, self.idx_off[i], True, NULL) is not None:
+        if check_batch(self._map.base + pos, self.size - pos, self.idx_off[i], True, NULL) is not None:
             return False
         ok[i] = 1
         return True
 
     cdef int _pin(self) except -1:
-        if self.mapping is None:
-            raise SegmentClosedError(f"{self.path} is empty")
-        if self.mapping.base == NULL:
+        """Hold the mapping for a read (reopened if parked) until :meth:`_unpin`."""
+        if self.shut:
             raise SegmentClosedError("segment is closed")
-        return self.mapping.pin()
+        self._use()
+        if self._map is None or self._map.base == NULL:
+            self._unuse()
+            raise SegmentClosedError(f"{self.path} is empty")
+        self._map.pin()
+        return 0
+
+    cdef inline void _unpin(self) noexcept:
+        self._map.unpin()
+        self._unuse()
 
     cdef Sections _checked(self, Py_ssize_t pos) except *:
         """Check the batch at ``pos`` (CRC once per process) or raise CorruptLogError."""
         cdef Sections s
         cdef bint verify = self.verified_end <= pos < self.verified_from
-        if pos < 0 or pos >= self.size or self.mapping is None or self.mapping.base == NULL:
+        if pos < 0 or pos >= self.size or self._map is None or self._map.base == NULL:
             raise CorruptLogError(self.path, pos, "position outside the segment")
-        reason = check_batch(self.mapping.base + pos, self.size - pos, -1, verify, &s)
+        reason = check_batch(self._map.base + pos, self.size - pos, -1, verify, &s)
         if reason is not None:
             raise CorruptLogError(self.path, pos, reason)
         if verify and pos == self.verified_end:
-            self.verified_end = pos + load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            self.verified_end = pos + load_u32(self._map.base + pos + LENGTH_OFFSET)
             if self.verified_end >= self.verified_from:
                 self.verified_from = 0      # prefix met tail: everything is checked
         return s
@@ -536,12 +800,12 @@ cdef class Segment:
         try:
             return self._batch_at(pos)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def _batch_at(self, Py_ssize_t pos):
         """The checked header of the batch at ``pos``."""
         self._checked(pos)
-        return batch_info(self.mapping.base + pos, pos)
+        return batch_info(self._map.base + pos, pos)
 
     def messages(self, Py_ssize_t pos, int64_t from_offset=0, Py_ssize_t limit=0x7FFFFFFF):
         """Decode the batch at ``pos`` into ``(offset, key, value, headers,
@@ -550,7 +814,7 @@ cdef class Segment:
         try:
             return self._decode(pos, from_offset, limit, None, None, 0, None, False)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def read_messages(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, str topic,
                       int partition, id_type, txn_id=None):
@@ -560,12 +824,12 @@ cdef class Segment:
         try:
             return self._decode(pos, from_offset, limit, id_type, topic, partition, txn_id, True)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     cdef list _decode(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, id_type,
                       str topic, int partition, txn_id, bint as_messages):
         cdef Sections s = self._checked(pos)
-        return decode_batch(self.mapping.base + pos, s, self.path, pos, from_offset, limit, id_type,
+        return decode_batch(self._map.base + pos, s, self.path, pos, from_offset, limit, id_type,
                             topic, partition, txn_id, as_messages)
 
     def arrow_buffers(self, Py_ssize_t pos):
@@ -573,43 +837,64 @@ cdef class Segment:
         try:
             return self._arrow_buffers(pos)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def _arrow_buffers(self, Py_ssize_t pos):
         """Zero-copy views of one batch for Arrow: a dict of memoryviews over
         the mapping (``key_offsets``, ``keys``, ``validity`` or None,
         ``value_offsets``, ``values``, ``event_deltas``) plus ``count``."""
         cdef Sections s = self._checked(pos)
-        return arrow_views(self.mapping, self.mapping.base + pos, s, self.path, pos)
+        return arrow_views(self._map, self._map.base + pos, s, self.path, pos)
 
     # -- lifetime ----------------------------------------------------------
 
     def close(self, bint trim=True):
-        """Unmap (deferred while views live) and close; a writable segment is
-        trimmed to its used size so a sealed file ends at its last batch."""
-        if self.mapping is not None:
-            self.mapping.close()
-        if self.fd >= 0:
-            if self.writable and trim:
+        """Unmap (deferred while views live) and close for good; a writable
+        segment is trimmed to its used size so a sealed file ends at its
+        last batch."""
+        if self.shut:
+            return
+        if self.writable and trim:
+            self._use()
+            try:
                 os.ftruncate(self.fd, self.size)
+            finally:
+                self._unuse()
+        self.shut = True
+        self.budget.leave(self)
+        # The closed mapping stays referenced: a read that pinned it
+        # unpins it through this segment.
+        if self._map is not None:
+            self._map.close()
+        if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
     def sync_file(self):
         """fsync the file: its data and its size (after a trim)."""
-        if self.fd >= 0:
+        if self.shut:
+            return
+        self._use()
+        try:
             os.fsync(self.fd)
+        finally:
+            self._unuse()
 
     def seal(self):
         """Trim the file to its batches (it stays mapped for readers)."""
-        if self.writable and self.fd >= 0:
-            os.ftruncate(self.fd, self.size)
+        if self.writable and not self.shut:
+            self._use()
+            try:
+                os.ftruncate(self.fd, self.size)
+            finally:
+                self._unuse()
             self.capacity = self.size
             self.allocated = self.size
 
     @property
     def closed(self):
-        return self.fd < 0
+        """Closed for good (a parked segment is not)."""
+        return self.shut
 
     def __dealloc__(self):
         if self.fd >= 0:

@@ -99,8 +99,9 @@ class LogLoader:
 
     def __init__(self, directory: str, mode: str, *, segment_bytes_max: int = 0,
                  index_interval_bytes: int = 4096, fsync: str = "never", min_base: int | None = None,
-                 published=None, report=None):
+                 published=None, report=None, budget=None):
         self.directory = directory
+        self.budget = budget              # the SegmentBudget segments open through (None: the process's)
         self.mode = mode
         self.segment_bytes_max = segment_bytes_max
         self.index_interval_bytes = index_interval_bytes
@@ -164,13 +165,14 @@ class LogLoader:
             next_base = None if last else bases[i + 1]
             plan = self._plan(base)
             if plan is None:
-                seg = Segment(segment_file(self.directory, base), base, 0, False, self.index_interval_bytes)
+                seg = Segment(segment_file(self.directory, base), base, 0, False, self.index_interval_bytes,
+                              self.budget)
                 segments.append(seg)
                 self._trust(seg, next_base)
                 continue
             writable = self.mode == WRITER
             seg = Segment(segment_file(self.directory, base), base, self.segment_bytes_max if last and writable else 0,
-                          writable, self.index_interval_bytes)
+                          writable, self.index_interval_bytes, self.budget)
             segments.append(seg)
             pos, next_offset = plan
             if pos and not self.adopt_index(seg, pos, next_offset, partial=True):
@@ -244,7 +246,7 @@ class LogLoader:
         if not last:
             seg.close(trim=True)
             seg = segments[-1] = Segment(seg.path, seg.base_offset, self.segment_bytes_max, True,
-                                         self.index_interval_bytes)
+                                         self.index_interval_bytes, self.budget)
             seg.recover(0, seg.base_offset)
         self._rewrite(seg)
 
@@ -272,7 +274,7 @@ class LogLoader:
         for i, base in enumerate(bases):
             next_base = None if i == len(bases) - 1 else bases[i + 1]
             path = segment_file(self.directory, base)
-            seg = Segment(path, base, 0, False)
+            seg = Segment(path, base, 0, False, budget=self.budget)
             segments.append(seg)
             bad = seg.recover(0, base)
             if bad is not None and self.published is not None and self.published[0] == base \
@@ -371,7 +373,7 @@ def published_segments(bases, log_start: int, active_base: int, active_size: int
             for i, base in enumerate(bases)]
 
 
-def open_read_only(directory: str, base: int, size: int, next_offset: int) -> Segment:
+def open_read_only(directory: str, base: int, size: int, next_offset: int, budget=None) -> Segment:
     """Segment ``base`` mapped read-only and known good up to ``size`` bytes
     (-1: its whole file, a sealed segment, whose batches must then end at
     ``next_offset`` or CorruptLogError says where they do) below
@@ -379,7 +381,7 @@ def open_read_only(directory: str, base: int, size: int, next_offset: int) -> Se
     check (else reads walk from byte 0). For a view a writer published:
     nothing is scanned past ``size``."""
     sealed = size < 0
-    seg = Segment(segment_file(directory, base), base, 0, False)
+    seg = Segment(segment_file(directory, base), base, 0, False, budget=budget)
     file_size = seg.capacity
     if size < 0:
         size = file_size

@@ -25,7 +25,7 @@ import os
 import threading
 
 from txmq._batch import BatchSpec
-from txmq._segment import Segment, SegmentClosedError
+from txmq._segment import Segment, SegmentBudget, SegmentClosedError, default_budget
 from txmq._redolog import sync_dir
 from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
 from txmq.storage.index import append_index, index_problem, rewrite_index
@@ -46,7 +46,7 @@ class SegmentLog:
     :attr:`dropped`."""
 
     def __init__(self, path: str, name: str, *, fsync: str, segment_bytes_max: int, max_message_bytes: int,
-                 index_interval_bytes: int, clock):
+                 index_interval_bytes: int, clock, budget=None):
         self.path = path
         self.name = name
         self.fsync = fsync
@@ -54,6 +54,7 @@ class SegmentLog:
         self.max_message_bytes = max_message_bytes
         self.index_interval_bytes = index_interval_bytes
         self.clock = clock
+        self.budget = budget             # the SegmentBudget its segments open through (None: the process's)
         self.lock = threading.Lock()     # the partition lock (module docstring)
         self._sync_lock = threading.Lock()
         self._synced_offset = 0          # every offset below is durable ...
@@ -65,6 +66,14 @@ class SegmentLog:
         self._index_written = {}         # segment base -> (offset entries, time entries) on disk
         self._scrub_next = -1            # the segment scrub_indexes checked last
         self.last_publish_time = 0
+        # Folders created with this log whose entries are not durable yet:
+        # synced before the first sync that claims anything in them.
+        self.dirs_to_sync: tuple = ()
+
+    def _sync_new_dirs(self) -> None:
+        dirs, self.dirs_to_sync = self.dirs_to_sync, ()
+        for d in dirs:
+            sync_dir(d)
 
     def _file(self, base: int, suffix: str) -> str:
         return segment_file(self.path, base, suffix)
@@ -107,7 +116,8 @@ class SegmentLog:
         a recovery point. An empty directory gets segment 0."""
         os.makedirs(self.path, exist_ok=True)
         loader = LogLoader(self.path, WRITER, segment_bytes_max=self.segment_bytes_max,
-                           index_interval_bytes=self.index_interval_bytes, fsync=self.fsync, report=self.report)
+                           index_interval_bytes=self.index_interval_bytes, fsync=self.fsync, report=self.report,
+                           budget=self.budget)
         segments = loader.load()
         self._index_written = loader.index_written
         if not segments:
@@ -130,7 +140,7 @@ class SegmentLog:
         segment's files are created together: a missing .txnindex means a
         lost one, and is rebuilt)."""
         seg = Segment(self._file(base, SEGMENT_SUFFIX), base, self.segment_bytes_max, True,
-                      self.index_interval_bytes)
+                      self.index_interval_bytes, self.budget)
         seg.recover(0, base)
         _touch(self._file(base, TXNINDEX_SUFFIX))
         return seg
@@ -235,6 +245,7 @@ class SegmentLog:
         old = self.active
         old.seal()
         if self.fsync != "never":
+            self._sync_new_dirs()
             old.sync_file()      # data and the trimmed size, before the roll is recorded
         self._rewrite_index(old)
         seg = self._new_segment(old.next_offset)
@@ -255,6 +266,7 @@ class SegmentLog:
         opening scans only what came after."""
         seg = self.active
         if self.fsync != "never":
+            self._sync_new_dirs()
             seg.sync(self._checkpoint_pos, seg.size)
         self._append_index(seg)
         self._write_recovery_point()
@@ -271,6 +283,8 @@ class SegmentLog:
             segs = self._segments
             if not segs:
                 raise self._closed_error()
+            if self.dirs_to_sync:
+                self._sync_new_dirs()
             active = segs[-1]
             end_offset, end_pos = active.next_offset, active.size
             try:
@@ -385,6 +399,7 @@ class SegmentLog:
         record a recovery point at its end (closing)."""
         seg = self.active
         if self.fsync != "never":
+            self._sync_new_dirs()
             seg.sync()
         seg.seal()
         self._rewrite_index(seg)
@@ -395,6 +410,13 @@ class SegmentLog:
         for s in self._segments:
             s.close()
         self._segments = ()
+
+
+def segment_budget(open_files_max: int | None) -> SegmentBudget:
+    """The budget of open segments for an ``open_files_max`` option
+    (``txmq.options.open_files_option``): the process's shared one for
+    None, else one of its own."""
+    return default_budget() if open_files_max is None else SegmentBudget(open_files_max)
 
 
 def _retrying(fn, arg):
