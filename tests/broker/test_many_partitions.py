@@ -215,3 +215,21 @@ def test_a_transaction_unknown_to_every_coordinator_is_aborted_when_its_partitio
         txn.commit()
     with readonly.open(path) as ro:
         assert [m.value for m in ro.read("t", 7, 0)] == [b"before", b"after", b"new"]
+
+
+@pytest.mark.parametrize("bad", [True, 3, 2.0, "64", -1])
+def test_open_files_max_is_checked(tmp_path, bad):
+    with pytest.raises(txmq.errors.InvalidArgumentError) as e:
+        txmq.Broker(tmp_path / "d", open_files_max=bad)
+    assert e.value.name == "open_files_max" and not (tmp_path / "d").exists()
+    with txmq.Broker(tmp_path / "ok", fsync="never", open_files_max=4) as b:
+        b.create_topic("t", partitions=20)
+        p = b.producer("t")
+        for i in range(20):
+            p.send(b"%d" % i, partition=i)
+        assert b._partition_options["budget"].stats()["open"] <= 4
+    with pytest.raises(txmq.errors.InvalidArgumentError):
+        readonly.open(tmp_path / "ok", open_files_max=bad)
+    with readonly.open(tmp_path / "ok", open_files_max=4) as ro:
+        assert [m.value for i in range(20) for m in ro.read("t", i, 0)] == [b"%d" % i for i in range(20)]
+        assert ro.budget.stats()["open"] <= 4
