@@ -854,7 +854,7 @@ cdef class Segment:
         last batch."""
         if self.shut:
             return
-        if self.writable and trim:
+        if self.writable and trim and self.file_size != self.size:   # (a no-op truncate still bumps mtime)
             self._use()
             try:
                 os.ftruncate(self.fd, self.size)

@@ -184,7 +184,8 @@ class LogLoader:
             if next_base is not None and seg.next_offset != next_base:
                 raise _gap(seg, seg.size, seg.next_offset, next_base)
             if writable:
-                self._rewrite(seg)
+                if not (pos and pos == seg.size and self._index_current(seg)):
+                    self._rewrite(seg)   # (a clean close left it whole: nothing scanned, nothing to write)
                 if not last:
                     seg.seal()
                     if self.fsync != "never":
@@ -249,6 +250,15 @@ class LogLoader:
                                          self.index_interval_bytes, self.budget)
             seg.recover(0, seg.base_offset)
         self._rewrite(seg)
+
+    def _index_current(self, seg: Segment) -> bool:
+        """Whether the index files of ``seg`` hold exactly its in-memory
+        entries (adopted whole from them: none torn, none past what was
+        kept)."""
+        offs, _, ts, _ = seg.index_entries()
+        sizes = [_size(segment_file(self.directory, seg.base_offset, suffix)) for suffix in (INDEX_SUFFIX,
+                                                                                            TIMEINDEX_SUFFIX)]
+        return sizes == [len(offs) * INDEX_ENTRY.itemsize, len(ts) * INDEX_ENTRY.itemsize]
 
     def _rewrite(self, seg: Segment) -> None:
         self.index_written[seg.base_offset] = rewrite_index(self.directory, seg)
@@ -407,6 +417,13 @@ _EMPTY = np.empty(0, INDEX_ENTRY)
 
 def _gap(seg: Segment, end_pos: int, end: int, next_base: int) -> CorruptLogError:
     return CorruptLogError(seg.path, end_pos, f"segment ends at offset {end}, next one starts at {next_base}")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return -1
 
 
 def _unlink(path: str) -> None:

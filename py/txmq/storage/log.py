@@ -29,8 +29,8 @@ from txmq._segment import Segment, SegmentBudget, SegmentClosedError, default_bu
 from txmq._redolog import sync_dir
 from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError
 from txmq.storage.index import append_index, index_problem, rewrite_index
-from txmq.storage.layout import (INDEX_SUFFIX, RECOVERY_POINT_FILE, SEGMENT_FILES, SEGMENT_SUFFIX, TXNINDEX_SUFFIX,
-                                 recovery_point_bytes, segment_file)
+from txmq.storage.layout import (INDEX_SUFFIX, RECOVERY_POINT_FILE, SEGMENT_FILES, SEGMENT_SUFFIX, TIMEINDEX_SUFFIX,
+                                 TXNINDEX_SUFFIX, recovery_point_bytes, segment_file)
 from txmq.storage.loader import WRITER, Dropped, LogLoader
 
 log = logging.getLogger("txmq.partition")
@@ -69,6 +69,7 @@ class SegmentLog:
         # Folders created with this log whose entries are not durable yet:
         # synced before the first sync that claims anything in them.
         self.dirs_to_sync: tuple = ()
+        self.changed = False             # appended to (or retention ran) since it was opened
 
     def _sync_new_dirs(self) -> None:
         dirs, self.dirs_to_sync = self.dirs_to_sync, ()
@@ -127,22 +128,27 @@ class SegmentLog:
         self._segments = tuple(segments)
         self.last_publish_time = max((s.last_publish_time for s in segments), default=0)
         if self.fsync != "never":
-            # What recovery kept may have lived only in the page cache of
-            # the process that died: durable first, then claimed.
-            self.active.sync()
+            # What recovery kept past the recovery point may have lived only
+            # in the page cache of the process that died: durable first,
+            # then claimed. (Below it, the recovery point says it is.)
+            resume = loader.resume
+            start = resume[1] if resume is not None and resume[0] == self.active.base_offset else 0
+            self.active.sync(start)
         self._synced_offset = self.end_offset
         self._write_recovery_point()
         if os.environ.get("TXMQ_DEBUG") == "1":
             self.verify()
 
     def _new_segment(self, base: int) -> Segment:
-        """Create segment ``base``, writable, with its empty .txnindex (a
-        segment's files are created together: a missing .txnindex means a
-        lost one, and is rebuilt)."""
+        """Create segment ``base``, writable, with its empty indexes and
+        .txnindex (a segment's files are created together: a missing one
+        is a lost one, and is rebuilt)."""
         seg = Segment(self._file(base, SEGMENT_SUFFIX), base, self.segment_bytes_max, True,
                       self.index_interval_bytes, self.budget)
         seg.recover(0, base)
-        _touch(self._file(base, TXNINDEX_SUFFIX))
+        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
+            _touch(self._file(base, suffix))
+        self._index_written[base] = (0, 0)
         return seg
 
     def verify(self) -> None:
@@ -236,6 +242,7 @@ class SegmentLog:
             base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
             assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
         self.last_publish_time = now
+        self.changed = True
         return base
 
     def _roll(self) -> None:
@@ -385,6 +392,7 @@ class SegmentLog:
         """Take the first segment out of the log (readers stop finding it);
         :meth:`_delete_segment` it once the new log start is published."""
         seg, self._segments = self._segments[0], self._segments[1:]
+        self.changed = True
         return seg
 
     def _delete_segment(self, seg: Segment) -> None:

@@ -446,8 +446,14 @@ class Partition(SegmentLog):
         with self.lock:
             if not self._segments:
                 return
-            self._write_snapshots()
-            self._seal_active()
+            # A partition opened and left as it was (only read: a
+            # subscription's, say) is as its opening wrote it: snapshots,
+            # indexes and recovery point at its end, its active file ending
+            # at its last batch. Rewriting and syncing them would make
+            # closing a broker of thousands of partitions take minutes.
+            if self.changed or self.active.file_size != self.active.size:
+                self._write_snapshots()
+                self._seal_active()
             self._publish(self.end_offset, RV_CLOSED)
             self._close_segments()
             self._readview.close()
