@@ -15,6 +15,7 @@ import pytest
 from txmq._batch import BatchSpec
 from txmq._segment import RESERVE_MIN_BYTES, Segment, SegmentBudget, SegmentClosedError
 from txmq.batcharrow import batch_arrays
+from txmq.errors import CorruptLogError
 from txmq.storage.partition import Partition
 
 MiB = 1024 * 1024
@@ -149,3 +150,80 @@ def test_a_partition_reads_and_appends_through_a_budget_smaller_than_its_segment
     p = Partition(str(tmp_path / "p"), "t", 0, fsync="never", segment_bytes_max=8192, budget=budget)
     assert [m[2] for m in p.read(0, 10_000)] == sent and budget.open_count <= 2
     p.close()
+
+
+# -- with the damage handling: quarantine and the mapping guard survive parking ----------
+
+
+def _three_batches(path, n=100):
+    seg = Segment(path, 0, MiB, True, 4096, SegmentBudget(4))
+    positions = []
+    for v in (b"a" * n, b"b" * n, b"c" * n):
+        positions.append(seg.size)
+        seg.append(BatchSpec([v]))
+    seg.close()
+    return positions
+
+
+def test_a_parked_segment_keeps_its_quarantined_ranges(tmp_path):
+    path = str(tmp_path / f"{0:020d}.log")
+    positions = _three_batches(path)
+    with open(path, "r+b") as f:                      # a flipped byte inside the middle batch
+        f.seek(positions[1] + 60)
+        byte = f.read(1)
+        f.seek(positions[1] + 60)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    budget = SegmentBudget(1)
+    seg = Segment(path, 0, 0, False, 4096, budget)
+    assert seg.recover(0, 0, True) is None
+    (q,) = seg.quarantined()
+    assert q[:4] == (positions[1], positions[2], 1, 2)
+    other = Segment(str(tmp_path / f"{9:020d}.log"), 9, MiB, True, 4096, budget)   # parks seg
+    assert seg.parked
+    assert seg.quarantined() == [q]
+    got, pos = [], seg.first_position()
+    while pos < seg.size:                             # each step reopens it past the range
+        got += [m[2] for m in seg.messages(pos)]
+        pos = seg.next_position(pos)
+    assert got == [b"a" * 100, b"c" * 100]
+    assert seg.find_batch(positions[1] + 8, 2) == (positions[2], 2)
+    assert seg.check_at(positions[1], 1) is not None and seg.check_at(positions[2], 2) is None
+    other.close()
+    seg.close()
+
+
+def test_a_segment_that_shrank_while_parked_is_refused_on_reopen(tmp_path):
+    budget = SegmentBudget(1)
+    path = str(tmp_path / f"{0:020d}.log")
+    seg = Segment(path, 0, MiB, True, 4096, budget)
+    seg.recover(0, 0)
+    for i in range(20):
+        seg.append(BatchSpec([b"%d" % i * 50]))
+    other = Segment(str(tmp_path / f"{99:020d}.log"), 99, MiB, True, 4096, budget)   # parks seg
+    assert seg.parked
+    os.truncate(path, seg.size // 2)                  # another process cuts the file meanwhile
+    with pytest.raises(CorruptLogError, match="changed under its mapping"):
+        seg.check_mapping()                           # what the owner checks at a roll or close
+    with pytest.raises(CorruptLogError, match="while its descriptor was parked"):
+        seg.messages(0)
+    other.close()
+    seg.close(trim=False)
+
+
+def test_a_mapping_that_faulted_is_remembered_through_parking(tmp_path):
+    budget = SegmentBudget(1)
+    path = str(tmp_path / f"{0:020d}.log")
+    positions = _three_batches(path, 5000)
+    seg = Segment(path, 0, 0, False, 4096, budget)
+    assert seg.recover(0, 0) is None
+    size = seg.size
+    os.truncate(path, positions[2] // 4096 * 4096)    # the last batch's pages go
+    with pytest.raises(CorruptLogError, match="changed under its mapping"):
+        seg.messages(positions[2])                    # a fault, read as zeros, not a SIGBUS
+    other = Segment(str(tmp_path / f"{9:020d}.log"), 9, MiB, True, 4096, budget)   # parks seg
+    assert seg.parked
+    os.truncate(path, size)                           # the file is long again, its bytes are not
+    with pytest.raises(CorruptLogError, match="changed under its mapping"):
+        seg.messages(0)
+    other.close()
+    seg.close()
