@@ -417,6 +417,10 @@ class _PartitionReader:
         if plan is None:
             raise _Moved(f"segments {bases[:1]}..{bases[-1:]}, readview {rv.log_start}..{rv.active_base}")
         segs = [self._segment(base, size, next_offset) for base, size, next_offset in plan]
+        # Segments retention deleted since: dropped from the cache (a view
+        # that holds one keeps it open until the view goes).
+        kept = {s.base for s in segs}
+        self._segs = {k: v for k, v in self._segs.items() if k[0] in kept}
         view = PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
                              "readview", segs, aborted, rv.epoch, [s.base for s in segs], self.path)
         if self._txnindex_damaged:
