@@ -156,7 +156,7 @@ cdef inline int64_t _varlong(const char *p, Py_ssize_t size, Py_ssize_t *pos) ex
 #                 every record has one, and all three None when none has
 #   headers       every record's headers in txmq's encoding, back to back:
 #                 per header u16 key length, key (UTF-8), u32 value length,
-#                 value (a null value is empty); header_offsets i32[count + 1];
+#                 value (a null value: length 0xFFFFFFFF, no bytes); header_offsets i32[count + 1];
 #                 both None when no record has headers
 #   event_deltas  i32[count]: timestamp - first_timestamp (a batch spans at
 #                 most 2**31 ms, as txmq's does)
@@ -355,8 +355,10 @@ def decode_records(records, int32_t count, int64_t base_timestamp):
             hw.size += layout.HEADER_KEY_LENGTH_BYTES + kl
             pos += kl
             vl = _length(p, end, &pos, True)
-            if vl < 0:
-                vl = 0                                   # a null header value is stored empty
+            if vl < 0:                                   # null: txmq's null header value
+                store_u32(hw.buf + hw.size, <uint32_t>0xFFFFFFFF)
+                hw.size += layout.HEADER_VALUE_LENGTH_BYTES
+                continue
             store_u32(hw.buf + hw.size, <uint32_t>vl)
             hw.size += layout.HEADER_VALUE_LENGTH_BYTES
             hw.raw(p + pos, vl)

@@ -90,7 +90,7 @@ def test_decodes_kafka_python_batches_in_every_codec(codec):
     values, keys, headers, timestamps = b.columns.to_lists()
     assert values == [b"value-%d" % i for i in range(5)]
     assert keys == [None, b"k1", None, b"k3", None]
-    assert headers[0] == [("h", b"x0"), ("e", b"")] and headers[1] is None
+    assert headers[0] == [("h", b"x0"), ("e", None)] and headers[1] is None
     assert timestamps == [1_700_000_000_000 + i for i in range(5)]
 
 
@@ -102,7 +102,7 @@ def test_record_columns_known_bytes():
     assert bytes(c.values) == b"ab" and bytes(c.value_offsets) == struct.pack("<3i", 0, 2, 2)
     assert bytes(c.keys) == b"k" and bytes(c.key_offsets) == struct.pack("<3i", 0, 0, 1)
     assert bytes(c.key_validity) == b"\x02"
-    assert c.headers == b"\x01\x00h\x00\x00\x00\x00"           # u16 key length, key, u32 value length
+    assert c.headers == b"\x01\x00h\xff\xff\xff\xff"           # u16 key length, key, u32 value length (null)
     assert bytes(c.header_offsets) == struct.pack("<3i", 0, 0, 7)
     assert bytes(c.event_deltas) == struct.pack("<2i", 0, 300)
     assert (c.first_timestamp, c.max_timestamp) == (1000, 1300)

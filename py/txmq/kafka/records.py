@@ -1,11 +1,11 @@
 """Record batches between Kafka's wire format (record batch v2) and txmq's
 log: decompression of what producers send, and the batches a Fetch
 returns. The byte layout and its checks are in the Cython codec
-(``txmq._kafka``); this module adds compression and the mapping.
+(``txmq._kafka_records``); this module adds compression and the mapping.
 
 The mapping (docs/KAFKA.md): a Kafka record's key, value, headers and
 timestamp are a txmq message's key, value, headers and event time; a
-null value is stored as ``b""`` and a null header value as ``b""``. A
+null value is stored as ``b""``; a null header value stays null (``None``). A
 produced batch is decoded into txmq's columns in Cython and appended from
 them (``BatchSpec.from_columns``): no Python object per record. One
 Kafka batch is one txmq batch, so its producer id, epoch and base sequence
