@@ -304,7 +304,7 @@ cdef class Segment:
     # -- recovery ----------------------------------------------------------
 
     def recover(self, Py_ssize_t start_pos, int64_t start_offset, bint quarantine=False,
-                bint holes_end=False):
+                bint holes_end=False, Py_ssize_t cut_from=-1):
         """Scan and index batches from ``start_pos``; cut a torn tail.
 
         Returns ``None`` when the scan reached a clean end (zeroed bytes or
@@ -314,7 +314,8 @@ cdef class Segment:
         one (:meth:`find_batch`) is quarantined instead and the scan goes on
         there, unless (``holes_end``) the bad bytes start with a zeroed
         header: the hole a power loss leaves where write-back had not
-        reached, which ends the log.
+        reached, which ends the log. A bad batch at or past ``cut_from``
+        (when not -1) ends the log too: bytes there were never flushed.
         """
         cdef Py_ssize_t pos = start_pos, limit
         cdef int64_t expected = start_offset
@@ -341,7 +342,8 @@ cdef class Segment:
             else:
                 reason = check_batch(base + pos, limit - pos, expected, True, NULL)
             if reason is not None:
-                found = self.find_batch(pos + 8, expected + 1, limit) if quarantine else None
+                found = self.find_batch(pos + 8, expected + 1, limit) \
+                    if quarantine and (cut_from < 0 or pos < cut_from) else None
                 if found is None:
                     break
                 self._add_quarantine(pos, found[0], expected, found[1], reason)

@@ -339,7 +339,10 @@ class _PartitionReader:
     """Builds :class:`PartitionView`s of one partition directory."""
 
     def __init__(self, directory: "ReadOnlyDirectory", topic: str, index: int):
-        self.dir = directory
+        # The directory's path and wait, not the directory: no reference
+        # cycle, so a directory nobody holds closes its files at once.
+        self.root = directory.path
+        self.wait_s = directory.wait_s
         self.topic = topic
         self.index = index
         self.path = os.path.join(directory.path, "topics", topic, str(index))
@@ -377,11 +380,11 @@ class _PartitionReader:
     def view(self) -> PartitionView:
         if not os.path.isdir(self.path):
             raise PartitionNotFoundError(self.topic, self.index)
-        deadline = time.monotonic() + self.dir.wait_s
+        deadline = time.monotonic() + self.wait_s
         moved = 0
         while True:
             rv = self.readview()
-            holder = writer_pid(self.dir.path)
+            holder = writer_pid(self.root)
             usable = rv is not None and rv.state != RV_RECOVERING
             if holder is None:
                 # No writer: the files are what the next opening will load.
@@ -391,8 +394,8 @@ class _PartitionReader:
                 continue           # a writer began opening the partition meanwhile
             if not usable:
                 if time.monotonic() > deadline:
-                    raise DataDirLockedError(self.dir.path, f"pid {holder}, which has not published "
-                                             f"{self.topic}/{self.index} within {self.dir.wait_s} s")
+                    raise DataDirLockedError(self.root, f"pid {holder}, which has not published "
+                                             f"{self.topic}/{self.index} within {self.wait_s} s")
                 time.sleep(_POLL_S)
                 continue
             try:
