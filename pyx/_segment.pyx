@@ -558,7 +558,7 @@ cdef class Segment:
     # -- recovery ----------------------------------------------------------
 
     def recover(self, Py_ssize_t start_pos, int64_t start_offset, bint quarantine=False,
-                bint holes_end=False):
+                bint holes_end=False, Py_ssize_t cut_from=-1):
         """Scan and index batches from ``start_pos``; cut a torn tail.
 
         Returns ``None`` when the scan reached a clean end (zeroed bytes or
@@ -568,15 +568,17 @@ cdef class Segment:
         one (:meth:`find_batch`) is quarantined instead and the scan goes on
         there, unless (``holes_end``) the bad bytes start with a zeroed
         header: the hole a power loss leaves where write-back had not
-        reached, which ends the log.
+        reached, which ends the log. A bad batch at or past ``cut_from``
+        (when not -1) ends the log too: bytes there were never flushed.
         """
         self._use()
         try:
-            return self._recover(start_pos, start_offset, quarantine, holes_end)
+            return self._recover(start_pos, start_offset, quarantine, holes_end, cut_from)
         finally:
             self._unuse()
 
-    cdef _recover(self, Py_ssize_t start_pos, int64_t start_offset, bint quarantine, bint holes_end):
+    cdef _recover(self, Py_ssize_t start_pos, int64_t start_offset, bint quarantine, bint holes_end,
+                  Py_ssize_t cut_from):
         cdef Py_ssize_t pos = start_pos, limit
         cdef int64_t expected = start_offset
         cdef const char *base
@@ -604,7 +606,8 @@ cdef class Segment:
             else:
                 reason = check_batch(base + pos, limit - pos, expected, True, NULL)
             if reason is not None:
-                found = self._find_batch(pos + 8, expected + 1, limit) if quarantine else None
+                found = self._find_batch(pos + 8, expected + 1, limit) \
+                    if quarantine and (cut_from < 0 or pos < cut_from) else None
                 if found is None:
                     break
                 self._add_quarantine(pos, found[0], expected, found[1], reason)

@@ -343,3 +343,32 @@ def test_inspection_of_subscriptions_and_transactions(tmp_path):
         assert ro.subscription("t", "s")["partitions"][0]["mark_delete"] == 3
     finally:
         b.close()
+
+
+def test_a_directory_nobody_holds_closes_its_files_without_a_collection(tmp_path):
+    """No reference cycle keeps a read-only directory's descriptors and
+    mappings alive until the garbage collector runs (a long-lived process
+    that opens views in a loop would run out of descriptors first)."""
+    import gc
+
+    data = tmp_path / "data"
+    with txmq.Broker(data, fsync="never") as b:
+        b.create_topic("t", 3)
+        b.producer("t").send_batch([b"v%d" % i for i in range(30)])
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = fds()
+        for _ in range(20):
+            ro = readonly.open(data)
+            assert sum(len(list(ro.view("t", p).read(0))) for p in range(3)) == 30
+            del ro
+        assert fds() == before
+    finally:
+        if enabled:
+            gc.enable()

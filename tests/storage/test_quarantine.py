@@ -225,3 +225,42 @@ def test_gap_in_a_durable_log_is_quarantined(tmp_path, no_debug):
         assert b.stats()["topics"]["t"]["partitions"][0]["quarantined"] == [q]
         assert b.describe_topic("t")["quarantined"] == {"0": [q]}
     shutil.rmtree(path)
+
+
+def test_never_a_torn_batch_past_the_recovery_point_ends_the_log(tmp_path, no_debug):
+    """fsync="never", power loss: write-back kept the later pages of a
+    committed transaction (its second batch and its COMMIT marker) and lost
+    part of its first batch. Quarantining the torn batch would show the
+    transaction without it; the log ends there instead, and says so."""
+    from txmq._batch import BatchSpec
+    from txmq.storage.partition import Partition
+    from txmq.transactions.records import TxnID
+
+    class Meta:                                     # the coordinator's record, reduced
+        words = TxnID(0, 1).words
+
+        def check_open(self, doing):
+            pass
+
+    live = tmp_path / "p"
+    part = Partition(live, "t", 0, fsync="never")   # the recovery point: the empty log
+    try:
+        part.append(BatchSpec([b"a" * 3000]), txn=Meta())
+        part.append(BatchSpec([b"b" * 3000]), txn=Meta())
+        part.end_txn(TxnID(0, 1), True)
+        assert part.max_read_position == 3
+        shutil.copytree(live, tmp_path / "lost")    # what a power loss may leave, torn below
+    finally:
+        part.close()
+    seg = str(tmp_path / "lost" / ("0" * 20 + ".log"))
+    (first, _, _), (second, _, _), _ = _batch_positions(seg)
+    with open(seg, "r+b") as f:                     # a page of the first batch never written back
+        f.seek(first + 2048)
+        f.write(b"\0" * (second - first - 2048))
+    again = Partition(tmp_path / "lost", "t", 0, fsync="never")
+    try:
+        st = again.stats()
+        assert st["end_offset"] == 0 and not st["quarantined"] and st["truncated_on_open"]
+        assert again.max_read_position == 0
+    finally:
+        again.close()

@@ -346,10 +346,40 @@ def _inode(path: str):
         return None
 
 
+class _Shared:
+    """What the partition readers of one :class:`ReadOnlyDirectory` share:
+    its path, wait, descriptor budget and the owner last seen. The readers
+    hold this, not the directory: no reference cycle, so a directory
+    nobody holds closes its files at once, without a garbage collection."""
+
+    def __init__(self, path: str, wait_s: float, budget):
+        self.path = path
+        self.wait_s = wait_s
+        self.budget = budget
+        self._holder_seen = (None, 0.0)      # (pid, monotonic time) of the last live owner seen
+
+    def holder(self) -> int | None:
+        """:func:`writer_pid` of this directory, read now."""
+        pid = writer_pid(self.path)
+        if pid is not None:
+            self._holder_seen = (pid, time.monotonic())
+        return pid
+
+    def writer_live(self) -> bool:
+        """Whether an owner holds the directory: a live one seen in the last
+        :data:`HOLDER_TTL_S` is taken as live still (a view it feeds maps
+        nothing until a read, which looks again), so viewing thousands of
+        partitions reads ``/proc/locks`` about once a second."""
+        pid, seen = self._holder_seen
+        if pid is not None and time.monotonic() - seen < HOLDER_TTL_S:
+            return True
+        return self.holder() is not None
+
+
 class _PartitionReader:
     """Builds :class:`PartitionView`s of one partition directory."""
 
-    def __init__(self, directory: "ReadOnlyDirectory", topic: str, index: int):
+    def __init__(self, directory: _Shared, topic: str, index: int):
         self.dir = directory
         self.topic = topic
         self.index = index
@@ -573,26 +603,17 @@ class ReadOnlyDirectory:
             raise FileNotFoundError(f"{self.path} is not a txmq data directory (no topics/)")
         self.wait_s = wait_s
         self.budget = segment_budget(open_files_max)
-        self._holder_seen = (None, 0.0)      # (pid, monotonic time) of the last live owner seen
+        self._shared = _Shared(self.path, wait_s, self.budget)
         self._readers: dict = {}
         self._counts: dict = {}              # topic -> (topic.json's identity, partition count)
 
     def holder(self) -> int | None:
         """:func:`writer_pid` of this directory, read now."""
-        pid = writer_pid(self.path)
-        if pid is not None:
-            self._holder_seen = (pid, time.monotonic())
-        return pid
+        return self._shared.holder()
 
     def writer_live(self) -> bool:
-        """Whether an owner holds the directory: a live one seen in the last
-        :data:`HOLDER_TTL_S` is taken as live still (a view it feeds maps
-        nothing until a read, which looks again), so viewing thousands of
-        partitions reads ``/proc/locks`` about once a second."""
-        pid, seen = self._holder_seen
-        if pid is not None and time.monotonic() - seen < HOLDER_TTL_S:
-            return True
-        return self.holder() is not None
+        """Whether an owner holds the directory (:meth:`_Shared.writer_live`)."""
+        return self._shared.writer_live()
 
     # -- what is there -----------------------------------------------------------
 
@@ -644,7 +665,7 @@ class ReadOnlyDirectory:
         if reader is None or reader.inode != _inode(reader.path):
             # (a topic deleted and created again under its name since: its
             # readview and segments are other files now)
-            reader = self._readers[(topic, partition)] = _PartitionReader(self, topic, partition)
+            reader = self._readers[(topic, partition)] = _PartitionReader(self._shared, topic, partition)
         return reader.lazy_view() if lazy else reader.view()
 
     def high_watermark(self, topic: str, partition: int) -> int:

@@ -31,6 +31,8 @@ bad batch, sound ones after      quarantined     same            corrupt,
 (anywhere; below the resume      (below it: by                   "quarantined"
 point found by the first read)   the first read)
 bad tail of the last segment     cut there       view ends there corrupt, "cuts"
+bad batch past the resume point, cut there, drop same            corrupt, "cuts"
+fsync="never"                    later segments
 hole / gap, fsync="never"        cut there, drop same            corrupt, "cuts"
                                  later segments
 hole / gap, durable or unknown   quarantined     same            corrupt,
@@ -206,6 +208,12 @@ class LogLoader:
             last = i == len(bases) - 1
             next_base = None if last else bases[i + 1]
             plan = self._plan(base)
+            # Past the resume point of a writer that ran with fsync="never"
+            # nothing was promised, and a power loss can keep a later page of
+            # the tail and lose an earlier one: a bad batch there ends the log
+            # (the longest consistent prefix), so no commit marker outlives
+            # a batch of its transaction.
+            cut_from = -1 if plan is None or not self.holes_end else plan[0]
             writable = self.mode == WRITER and last
             if plan is None:
                 seg = Segment(segment_file(self.directory, base), base, 0, False, self.index_interval_bytes,
@@ -227,10 +235,10 @@ class LogLoader:
             known = len(seg.quarantined())
             # Only the last segment's tail can hold bytes not yet written
             # back; holes elsewhere are damage unless nothing was promised.
-            bad = seg.recover(pos, next_offset, True, last or self.holes_end)
+            bad = seg.recover(pos, next_offset, True, last or self.holes_end, cut_from)
             self._note_quarantined(seg, known)
             if bad is not None:
-                if last or next_base <= seg.next_offset or (self.holes_end and _is_hole(seg.path, bad[0])):
+                if last or (cut_from >= 0 and bad[0] >= cut_from) or next_base <= seg.next_offset or (self.holes_end and _is_hole(seg.path, bad[0])):
                     self._cut(segments, bad, bases[i + 1:], last)
                     break
                 self._quarantine_tail(seg, bad[0], next_base, bad[1])

@@ -103,12 +103,22 @@ def count_calls(fn, *args, **kwargs) -> int:
             calls += 1
 
     previous = sys.getprofile()
-    with _lane_check_off():
-        sys.setprofile(profile)
-        try:
-            fn(*args, **kwargs)
-        finally:
-            sys.setprofile(previous)
+    # Garbage of earlier work, collected inside ``fn``, would run its
+    # finalizers (Python calls) there: collect it first and keep the
+    # collector off while counting, so a count depends on ``fn`` alone.
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with _lane_check_off():
+            sys.setprofile(profile)
+            try:
+                fn(*args, **kwargs)
+            finally:
+                sys.setprofile(previous)
+    finally:
+        if was_enabled:
+            gc.enable()
     # setprofile's own return into this frame is not a call; nothing to undo.
     return calls
 
