@@ -74,3 +74,26 @@ cdef inline uint32_t crc32c(const char *p, size_t n) noexcept nogil:
 # the work it frees other threads for.
 cdef enum:
     NOGIL_THRESHOLD = 64 * 1024
+
+
+# Kafka's wire format is big-endian (txmq._kafka, txmq._kafka_records).
+
+cdef inline uint16_t be16(const char *p) noexcept nogil:
+    cdef const uint8_t *u = <const uint8_t *>p
+    return (<uint16_t>u[0] << 8) | u[1]
+
+cdef inline uint32_t be32(const char *p) noexcept nogil:
+    cdef const uint8_t *u = <const uint8_t *>p
+    return (<uint32_t>u[0] << 24) | (<uint32_t>u[1] << 16) | (<uint32_t>u[2] << 8) | u[3]
+
+cdef inline uint64_t be64(const char *p) noexcept nogil:
+    return (<uint64_t>be32(p) << 32) | be32(p + 4)
+
+cdef inline void put16(char *p, uint16_t v) noexcept nogil:
+    p[0] = <char>(v >> 8); p[1] = <char>v
+
+cdef inline void put32(char *p, uint32_t v) noexcept nogil:
+    p[0] = <char>(v >> 24); p[1] = <char>(v >> 16); p[2] = <char>(v >> 8); p[3] = <char>v
+
+cdef inline void put64(char *p, uint64_t v) noexcept nogil:
+    put32(p, <uint32_t>(v >> 32)); put32(p + 4, <uint32_t>v)

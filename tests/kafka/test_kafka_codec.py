@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from txmq import _kafka
+from txmq import _kafka, _kafka_records
 from txmq.errors import KafkaProtocolError
 from txmq.kafka import protocol, records, schema
 from txmq.kafka.protocol import Error
@@ -90,37 +90,37 @@ def test_decodes_kafka_python_batches_in_every_codec(codec):
     values, keys, headers, timestamps = b.columns.to_lists()
     assert values == [b"value-%d" % i for i in range(5)]
     assert keys == [None, b"k1", None, b"k3", None]
-    assert headers[0] == [("h", b"x0"), ("e", b"")] and headers[1] is None
+    assert headers[0] == [("h", b"x0"), ("e", None)] and headers[1] is None
     assert timestamps == [1_700_000_000_000 + i for i in range(5)]
 
 
 def test_record_columns_known_bytes():
     # Two records as librdkafka lays them out: key null / b"k", values b"ab" / b"",
     # one header ("h", null) on the second, timestamps base+0 / base+300.
-    recs = _kafka.encode_records([(10, None, b"ab", None, 1000), (11, b"k", b"", [("h", None)], 1300)], 10, 1000)
-    c = _kafka.decode_records(recs, 2, 1000)
+    recs = _kafka_records.encode_records([(10, None, b"ab", None, 1000), (11, b"k", b"", [("h", None)], 1300)], 10, 1000)
+    c = _kafka_records.decode_records(recs, 2, 1000)
     assert bytes(c.values) == b"ab" and bytes(c.value_offsets) == struct.pack("<3i", 0, 2, 2)
     assert bytes(c.keys) == b"k" and bytes(c.key_offsets) == struct.pack("<3i", 0, 0, 1)
     assert bytes(c.key_validity) == b"\x02"
-    assert c.headers == b"\x01\x00h\x00\x00\x00\x00"           # u16 key length, key, u32 value length
+    assert c.headers == b"\x01\x00h\xff\xff\xff\xff"           # u16 key length, key, u32 value length (null)
     assert bytes(c.header_offsets) == struct.pack("<3i", 0, 0, 7)
     assert bytes(c.event_deltas) == struct.pack("<2i", 0, 300)
     assert (c.first_timestamp, c.max_timestamp) == (1000, 1300)
-    only_values = _kafka.decode_records(_kafka.encode_records([(0, None, b"v", None, 5)], 0, 5), 1, 5)
+    only_values = _kafka_records.decode_records(_kafka_records.encode_records([(0, None, b"v", None, 5)], 0, 5), 1, 5)
     assert only_values.keys is None and only_values.key_validity is None and only_values.headers is None
 
 
 @pytest.mark.parametrize("key", [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"h\xe2\x82",
                                  b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", "é".encode(), b"plain"])
 def test_header_keys_must_be_strict_utf8(key):
-    recs = _kafka.encode_records([(0, None, b"v", [(key, b"1")], 5)], 0, 5)
+    recs = _kafka_records.encode_records([(0, None, b"v", [(key, b"1")], 5)], 0, 5)
     try:
         expected = key.decode("utf-8")
     except UnicodeDecodeError:
         with pytest.raises(KafkaProtocolError, match="UTF-8"):
-            _kafka.decode_records(recs, 1, 5)
+            _kafka_records.decode_records(recs, 1, 5)
         return
-    assert _kafka.decode_records(recs, 1, 5).to_lists()[2] == [[(expected, b"1")]]
+    assert _kafka_records.decode_records(recs, 1, 5).to_lists()[2] == [[(expected, b"1")]]
 
 
 def test_columns_append_and_read_back(tmp_path):
@@ -195,7 +195,7 @@ def test_stored_batches_encoded_straight_from_the_log_read_by_kafka_python(tmp_p
         seg, pos = p.segment_for(1)
         w = _kafka.Writer()
         _kafka.write_bytes(w, b"prefix")
-        n = _kafka.encode_stored_batch(w, seg.batch_bytes(pos))
+        n = _kafka_records.encode_stored_batch(w, seg.batch_bytes(pos))
         raw = w.getvalue()
         assert raw[:6] == b"prefix" and len(raw) == 6 + n
         batch = kafka_records.DefaultRecordBatch(raw[6:])

@@ -86,6 +86,8 @@ def committed_names(status) -> set:
 def mapped_ranges(view):
     out = []
     for s in view.segments:
+        if s.segment.mapping is None:
+            continue              # an empty file (a segment just rolled): nothing mapped
         whole = memoryview(s.segment.mapping)
         out.append((pa.py_buffer(whole).address, len(whole)))
     return out
@@ -210,7 +212,9 @@ def test_after_sigkill_a_prefix_of_what_recovery_shows(tmp_path):
     # saw is a prefix of what it then shows.
     recovered = tmp_path / "recovered"
     shutil.copytree(data, recovered, ignore=shutil.ignore_patterns("control.sock"))
-    txmq.Broker(recovered, fsync="never").close()
+    with txmq.Broker(recovered, fsync="never") as b:
+        for p in PARTITIONS:
+            b.high_watermark("t", p)      # partitions open (and recover) on first use
     ro_rec = readonly.open(recovered)
     for p in PARTITIONS:
         v = ro_rec.view("t", p)
@@ -340,3 +344,32 @@ def test_inspection_of_subscriptions_and_transactions(tmp_path):
         assert ro.subscription("t", "s")["partitions"][0]["mark_delete"] == 3
     finally:
         b.close()
+
+
+def test_a_directory_nobody_holds_closes_its_files_without_a_collection(tmp_path):
+    """No reference cycle keeps a read-only directory's descriptors and
+    mappings alive until the garbage collector runs (a long-lived process
+    that opens views in a loop would run out of descriptors first)."""
+    import gc
+
+    data = tmp_path / "data"
+    with txmq.Broker(data, fsync="never") as b:
+        b.create_topic("t", 3)
+        b.producer("t").send_batch([b"v%d" % i for i in range(30)])
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = fds()
+        for _ in range(20):
+            ro = readonly.open(data)
+            assert sum(len(list(ro.view("t", p).read(0))) for p in range(3)) == 30
+            del ro
+        assert fds() == before
+    finally:
+        if enabled:
+            gc.enable()

@@ -129,7 +129,7 @@ def test_streaming_read_through_flight(spark, owner, tmp_path):  # noqa: F811
             reader = reader.option(k, v)
         query = (reader.load().writeStream.foreachBatch(collect)
                  .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
-        query.awaitTermination(180)
+        assert query.awaitTermination(180), "the availableNow stream did not end in 180 s"
         assert query.exception() is None, query.exception()
         return batches
 

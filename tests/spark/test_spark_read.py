@@ -363,7 +363,7 @@ def test_streaming_available_now_with_max_offsets_per_trigger(spark, tmp_path):
 
         query, batches = stream_batches(spark, data, tmp_path / "ckpt", {"availableNow": True}, subscribe="s",
                                         startingOffsets="earliest", maxOffsetsPerTrigger="100")
-        query.awaitTermination(120)
+        assert query.awaitTermination(120), "the availableNow stream did not end in 120 s"
         assert query.exception() is None
         rows = [r for _, b in batches for r in b]
         want = sorted([(0, i, b"p0-%d" % i) for i in range(230)] + [(1, i, b"p1-%d" % i) for i in range(90)]

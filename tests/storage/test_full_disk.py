@@ -8,7 +8,11 @@ are skipped, saying why, where mounting is refused."""
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -74,7 +78,9 @@ def test_full_disk_fails_typed_keeps_what_was_acknowledged_and_resumes(small_fs)
         c = b.subscribe("t", "s", "exclusive", initial_position="earliest")
         p = b.producer("t")
         sent = {}
-        for i in range(200):
+        # Enough to read and ack past the point where an ack finds the disk
+        # full (sends stop there soon: a segment reserves little ahead).
+        for i in range(2000):
             mid = p.send(b"before-%d" % i)
             sent[(mid.partition, mid.offset)] = b"before-%d" % i
         _fill(small_fs / "pad")
@@ -132,4 +138,81 @@ def test_full_disk_fails_typed_keeps_what_was_acknowledged_and_resumes(small_fs)
     assert all(read.get(k) == v for k, v in sent.items())
     assert {v for v in values if not v.startswith((b"in-txn", b"half", b"after-half"))} == set(sent.values())
     assert b"after-half" in values
+    assert not [p for p in check_directory(path).problems if p.kind == "corrupt"]
+
+
+# A writer on a full file system, killed with SIGKILL while its sends and
+# commits keep failing: prints every commit that returned, then a ready
+# line, then keeps trying (half a transaction a time) until it is killed.
+_KILLED_WRITER = r"""
+import sys
+import txmq
+from txmq.errors import StorageFullError
+
+path, pad = sys.argv[1], sys.argv[2]
+b = txmq.Broker(path, fsync="commit", segment_bytes_max=1 << 20)
+if "t" not in b.topics():
+    b.create_topic("t", 2)
+p = b.producer("t")
+n, full, filled = 0, 0, False
+while True:
+    txn = None
+    try:
+        txn = b.new_transaction()                 # its BEGIN record may not fit either
+        p.send_batch([b"c%d-%d" % (n, i) + b"z" * 700 for i in range(3)], partition=n % 2, txn=txn)
+        txn.commit()
+        print("COMMITTED", n, flush=True)
+    except StorageFullError:
+        if txn is not None:
+            txn.abort()
+        full += 1
+        if full == 3:
+            print("FULL", flush=True)
+    n += 1
+    if n == 20 and not filled:
+        filled = True
+        with open(pad, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\xff" * 4096)
+            except OSError:
+                pass
+"""
+
+
+def test_killed_on_a_full_disk_keeps_every_returned_commit_and_nothing_half_written(small_fs):
+    path, pad = str(small_fs / "d"), str(small_fs / "pad")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, path, pad], stdout=subprocess.PIPE, text=True)
+    committed = []
+    try:
+        for line in proc.stdout:
+            if line.startswith("COMMITTED"):
+                committed.append(int(line.split()[1]))
+            elif line.startswith("FULL"):
+                break
+        else:
+            raise AssertionError(f"the writer ended ({proc.wait()}) before the disk was full")
+        time.sleep(random.uniform(0.0, 0.2))               # killed somewhere in its failing commits
+        proc.send_signal(signal.SIGKILL)
+        committed += [int(line.split()[1]) for line in proc.stdout if line.startswith("COMMITTED")]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL            # it was still trying, not ended by an error
+    assert len(committed) >= 20
+
+    os.unlink(pad)                                          # space again; the next owner recovers
+    with txmq.Broker(path, fsync="commit") as b:
+        c = b.subscribe("t", "check", "exclusive", initial_position="earliest")
+        read = []
+        while ms := c.receive_many(10_000, timeout=0):
+            read += [m.value for m in ms]
+    by_txn: dict = {}
+    for v in read:
+        by_txn.setdefault(int(v[1:v.index(b"-")]), []).append(v)
+    # Every commit that returned is there, whole and once; no other
+    # transaction shows a part of itself (a commit that failed is aborted).
+    assert set(committed) <= set(by_txn)
+    assert all(len(vs) == 3 and len(set(vs)) == 3 for vs in by_txn.values()), \
+        {n: len(vs) for n, vs in by_txn.items() if len(vs) != 3}
     assert not [p for p in check_directory(path).problems if p.kind == "corrupt"]

@@ -6,8 +6,9 @@ command line. Package layout, by role:
 
 - ``schema_data`` / ``schema``: Kafka's request and response definitions
   and their compiled form; ``protocol``: framing, versions served, error
-  codes (the codec itself is the Cython module ``txmq._kafka``);
-- ``records``: record batches v2 to and from txmq batches, compression;
+  codes (the body codec is the Cython module ``txmq._kafka``);
+- ``records``: record batches v2 to and from txmq batches, compression
+  (the batch codec is the Cython module ``txmq._kafka_records``);
 - ``server``: the asyncio server and its connections; ``handlers``:
   dispatch and the cluster APIs; ``data``: Produce, Fetch, ListOffsets;
   ``groups``: consumer groups and their offsets; ``txns``: producer ids

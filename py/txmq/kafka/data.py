@@ -26,7 +26,7 @@ from txmq.errors import (BrokerClosedError, ConcurrentTransactionsError, Duplica
                          InvalidMessageError, InvalidTxnStateError, KafkaProtocolError, MessageTooLargeError,
                          OutOfOrderSequenceError, PartitionNotFoundError, ProducerFencedError,
                          TopicNotFoundError, TransactionTimeoutError, InvalidTopicNameError)
-from txmq import _kafka
+from txmq import _kafka, _kafka_records
 from txmq.kafka import records
 from txmq.kafka.protocol import Error
 from txmq.client.producer import Producer
@@ -254,7 +254,7 @@ class DataPath:
                 _kafka.write_bytes(out, records.encode_marker(info, bool(info.flags & MARKER_COMMIT)))
             elif not (committed and p.never_delivered(info, True)):   # aborted data: never sent read_committed
                 before = len(out)
-                _kafka.encode_stored_batch(out, seg.batch_bytes(pos))
+                _kafka_records.encode_stored_batch(out, seg.batch_bytes(pos))
                 if before and len(out) > budget:
                     out.truncate(before)           # whole batches only: it goes in the next fetch
                     break

@@ -1,11 +1,11 @@
 """Record batches between Kafka's wire format (record batch v2) and txmq's
 log: decompression of what producers send, and the batches a Fetch
 returns. The byte layout and its checks are in the Cython codec
-(``txmq._kafka``); this module adds compression and the mapping.
+(``txmq._kafka_records``); this module adds compression and the mapping.
 
 The mapping (docs/KAFKA.md): a Kafka record's key, value, headers and
 timestamp are a txmq message's key, value, headers and event time; a
-null value is stored as ``b""`` and a null header value as ``b""``. A
+null value is stored as ``b""``; a null header value stays null (``None``). A
 produced batch is decoded into txmq's columns in Cython and appended from
 them (``BatchSpec.from_columns``): no Python object per record. One
 Kafka batch is one txmq batch, so its producer id, epoch and base sequence
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gzip
 
-from txmq import _kafka
+from txmq import _kafka_records
 from txmq._batch import BatchSpec
 from txmq.errors import KafkaProtocolError
 
@@ -116,18 +116,18 @@ def compress(codec: int, data: bytes) -> bytes:
 
 class ProducedBatch:
     """One record batch of a Produce request, decoded: its header fields
-    and its records as :class:`txmq._kafka.RecordColumns`."""
+    and its records as :class:`txmq._kafka_records.RecordColumns`."""
 
     __slots__ = ("base_offset", "attributes", "producer_id", "producer_epoch", "base_sequence", "count",
                  "columns")
 
     @property
     def transactional(self) -> bool:
-        return bool(self.attributes & _kafka.ATTR_TRANSACTIONAL)
+        return bool(self.attributes & _kafka_records.ATTR_TRANSACTIONAL)
 
     @property
     def control(self) -> bool:
-        return bool(self.attributes & _kafka.ATTR_CONTROL)
+        return bool(self.attributes & _kafka_records.ATTR_CONTROL)
 
     def spec(self) -> BatchSpec:
         """The txmq batch these records become (no per-record Python
@@ -144,14 +144,14 @@ def decode_produce(records, max_batch_bytes: int) -> list:
     fails)."""
     out = []
     for (base, attrs, _last, base_ts, _max_ts, pid, epoch, seq, count,
-         body) in _kafka.decode_batches(records):
-        codec = attrs & _kafka.ATTR_COMPRESSION_MASK
+         body) in _kafka_records.decode_batches(records):
+        codec = attrs & _kafka_records.ATTR_COMPRESSION_MASK
         if codec:
             body = decompress(codec, bytes(body), max_batch_bytes)
         b = ProducedBatch()
         b.base_offset, b.attributes, b.producer_id, b.producer_epoch = base, attrs, pid, epoch
         b.base_sequence, b.count = seq, count
-        b.columns = _kafka.decode_records(body, count, base_ts)
+        b.columns = _kafka_records.decode_records(body, count, base_ts)
         out.append(b)
     return out
 
@@ -161,13 +161,13 @@ def encode_data_batch(info, messages: list) -> bytes:
     headers, event time) tuples, all of the batch) as one Kafka batch."""
     first_ts = min(m[4] for m in messages)
     max_ts = max(m[4] for m in messages)
-    attrs = _kafka.ATTR_TRANSACTIONAL if info.is_transactional else 0
-    body = _kafka.encode_records(messages, info.base_offset, first_ts)
-    return _kafka.encode_batch(info.base_offset, attrs, info.count - 1, first_ts, max_ts,
+    attrs = _kafka_records.ATTR_TRANSACTIONAL if info.is_transactional else 0
+    body = _kafka_records.encode_records(messages, info.base_offset, first_ts)
+    return _kafka_records.encode_batch(info.base_offset, attrs, info.count - 1, first_ts, max_ts,
                                info.producer_id, info.producer_epoch, info.base_sequence, info.count, body)
 
 
 def encode_marker(info, commit: bool) -> bytes:
     """A txmq COMMIT / ABORT marker as Kafka's control batch."""
-    return _kafka.encode_control_batch(info.base_offset, info.producer_id, info.producer_epoch, commit,
+    return _kafka_records.encode_control_batch(info.base_offset, info.producer_id, info.producer_epoch, commit,
                                        info.publish_time)

@@ -103,20 +103,22 @@ def count_calls(fn, *args, **kwargs) -> int:
             calls += 1
 
     previous = sys.getprofile()
-    # No collection during the count: a pass runs the callbacks other
-    # libraries put in gc.callbacks (hypothesis has one) and finalizers of
-    # earlier garbage, which are not the cost of ``fn``, at instants that
-    # depend on what ran before.
-    collecting = gc.isenabled()
+    # Garbage of earlier work, collected inside ``fn``, would run its
+    # finalizers (Python calls) there: collect it first and keep the
+    # collector off while counting, so a count depends on ``fn`` alone.
+    gc.collect()
+    was_enabled = gc.isenabled()
     gc.disable()
-    with _lane_check_off():
-        sys.setprofile(profile)
-        try:
-            fn(*args, **kwargs)
-        finally:
-            sys.setprofile(previous)
-            if collecting:
-                gc.enable()
+    try:
+        with _lane_check_off():
+            sys.setprofile(profile)
+            try:
+                fn(*args, **kwargs)
+            finally:
+                sys.setprofile(previous)
+    finally:
+        if was_enabled:
+            gc.enable()
     # setprofile's own return into this frame is not a call; nothing to undo.
     return calls
 
