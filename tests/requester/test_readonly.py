@@ -86,6 +86,8 @@ def committed_names(status) -> set:
 def mapped_ranges(view):
     out = []
     for s in view.segments:
+        if s.segment.mapping is None:            # an empty file (a roll the writer died after): nothing to read
+            continue
         whole = memoryview(s.segment.mapping)
         out.append((pa.py_buffer(whole).address, len(whole)))
     return out
