@@ -23,6 +23,12 @@ decodes the payloads through ``_reader.Reader``, given each frame's
 position (``replay(positions=True)``, :func:`parse`), so a payload that does
 not parse is reported at its bad byte. The layout constants live in
 ``_redo_layout.pxd``.
+
+Descriptors are a budget (:class:`LogBudget`): a subscription keeps two
+logs per partition, so a topic of thousands of partitions would otherwise
+hold thousands of descriptors. A log whose descriptor the budget closed
+(the least recently used idle one) reopens it on its next write, sync or
+replay; a log in use is never closed under its user.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, uint32_t
@@ -30,7 +36,9 @@ from libc.string cimport memcpy
 
 import errno
 import os
+import resource
 import threading
+import weakref
 
 from txmq.errors import CorruptLogError, StorageFullError
 
@@ -107,6 +115,96 @@ def parse(data, Py_ssize_t start=FILE_HEADER_SIZE):
     return frames, pos, reason
 
 
+def default_open_logs():
+    """The redo logs a process keeps open by default: a quarter of its
+    descriptor limit (``RLIMIT_NOFILE``, the soft one; segments take half,
+    ``txmq._segment.default_open_files``), at least 16."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
+        soft = 1 << 20
+    return max(16, soft // 4)
+
+
+class LogBudget:
+    """At most ``limit`` redo logs hold a descriptor at once (CLOCK, as
+    ``txmq._segment.SegmentBudget``: a use sets a log's bit, the hand clears
+    it once before closing the descriptor; a log in use is skipped)."""
+
+    def __init__(self, limit):
+        if limit < 1:
+            raise ValueError(f"a budget of {limit} open logs")
+        self.limit = limit
+        self.open_count = 0
+        self.parked = 0
+        self._ring = []            # weak references; None: a free slot
+        self._free = []
+        self._hand = 0
+        self._lock = threading.Lock()
+
+    def admit(self, log):
+        with self._lock:
+            if self._free:
+                slot = self._free.pop()
+                self._ring[slot] = weakref.ref(log)
+            else:
+                slot = len(self._ring)
+                self._ring.append(weakref.ref(log))
+            log._slot = slot
+            self.open_count += 1
+            self._shrink()
+
+    def leave(self, log):
+        with self._lock:
+            if log._slot >= 0:
+                self._release(log._slot)
+                log._slot = -1
+
+    def _release(self, slot):
+        self._ring[slot] = None
+        self._free.append(slot)
+        self.open_count -= 1
+
+    def _shrink(self):
+        # Lock held. Nothing between the check of a log's users and its
+        # parking runs Python code (this module is compiled), so no other
+        # thread starts using it in between.
+        n = len(self._ring)
+        steps = 0
+        while self.open_count > self.limit and steps <= 2 * n + 1:
+            steps += 1
+            self._hand = (self._hand + 1) % n
+            ref = self._ring[self._hand]
+            if ref is None:
+                continue
+            log = ref()
+            if log is None:
+                self._release(self._hand)
+                continue
+            if log._users > 0:
+                continue
+            if log._recent:
+                log._recent = False
+                continue
+            self._release(self._hand)
+            log._slot = -1
+            log._park()
+            self.parked += 1
+
+    def stats(self):
+        return {"limit": self.limit, "open": self.open_count, "parked": self.parked}
+
+
+_default_budget = None
+
+
+def default_log_budget():
+    """The process's shared budget of :func:`default_open_logs` logs."""
+    global _default_budget
+    if _default_budget is None:
+        _default_budget = LogBudget(default_open_logs())
+    return _default_budget
+
+
 class RedoLog:
     """An append-only framed log file.
 
@@ -115,22 +213,72 @@ class RedoLog:
     nothing that ``append`` returned).
     """
 
-    def __init__(self, path, fsync="commit"):
+    def __init__(self, path, fsync="commit", budget=None):
         self.path = os.fspath(path)
         self.fsync = fsync
         self.dropped = None
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.size = os.fstat(self._fd).st_size
+        self.budget = budget if budget is not None else default_log_budget()
+        self._fd = -1
+        self._slot = -1                # in the budget's ring; -1: parked or closed
+        self._recent = True
+        self._users = 1                # (held through the opening)
+        self._shut = False
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.size = os.fstat(fd).st_size
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.budget.admit(self)
         self.frames_since_snapshot = 0
         self.written = 0               # bytes appended by this object, ever
         self.synced_written = 0        # ... of which durable
         self._sync_lock = threading.Lock()
-        if self.size == 0:
-            self._write_header()
+        try:
+            if self.size == 0:
+                self._write_header()
+        finally:
+            self._users -= 1
+
+    def _use(self):
+        """The descriptor, reopened if the budget closed it; held until
+        :meth:`_unuse`."""
+        self._users += 1
+        self._recent = True
+        if self._fd < 0:
+            try:
+                if self._shut:
+                    raise ValueError(f"{self.path}: log is closed")
+                self._fd = os.open(self.path, os.O_RDWR)
+                self.budget.admit(self)
+            except BaseException:
+                self._users -= 1
+                raise
+        return self._fd
+
+    def _unuse(self):
+        self._users -= 1
+
+    def _park(self):
+        """Close the descriptor (the budget's call, no use in progress)."""
+        fd = self._fd
+        self._fd = -1
+        if fd >= 0:
+            os.close(fd)
+
+    @property
+    def parked(self):
+        """Whether the budget closed the descriptor (reopened by the next use)."""
+        return self._fd < 0 and not self._shut
 
     def _write_header(self):
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, FILE_HEADER, 0)
+        fd = self._use()
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, FILE_HEADER, 0)
+        finally:
+            self._unuse()
         self.size = FILE_HEADER_SIZE
 
     def replay(self, bint positions=False):
@@ -143,7 +291,11 @@ class RedoLog:
         ``(position, reason, bytes_dropped)``. A bad file header raises
         :class:`CorruptLogError`.
         """
-        data = _read_all(self._fd, self.size)
+        fd = self._use()
+        try:
+            data = _read_all(fd, self.size)
+        finally:
+            self._unuse()
         if len(data) < FILE_HEADER_SIZE:
             if data.strip(b"\0"):
                 self.dropped = (0, "torn file header", len(data))
@@ -156,7 +308,11 @@ class RedoLog:
         frames, end, reason = parse(data)
         if reason is not None:
             self.dropped = (end, reason, len(data) - end)
-            os.ftruncate(self._fd, end)
+            fd = self._use()
+            try:
+                os.ftruncate(fd, end)
+            finally:
+                self._unuse()
             self.size = end
         last = 0
         for i, f in enumerate(frames):
@@ -181,21 +337,24 @@ class RedoLog:
             self.frames_since_snapshot += len(frames)
 
     def _write(self, buf):
+        fd = self._use()
         try:
-            n = os.pwrite(self._fd, buf, self.size)
+            n = os.pwrite(fd, buf, self.size)
             if n != len(buf):  # a short write leaves a torn frame; rewrite the rest
                 view = memoryview(buf)
                 while n < len(buf):
-                    n += os.pwrite(self._fd, view[n:], self.size + n)
+                    n += os.pwrite(fd, view[n:], self.size + n)
         except OSError as e:
             # Nothing of a failed append stays: the next one starts where it did.
             try:
-                os.ftruncate(self._fd, self.size)
+                os.ftruncate(fd, self.size)
             except OSError:
                 pass
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StorageFullError(self.path, len(buf), e.errno) from None
             raise
+        finally:
+            self._unuse()
         self.size += len(buf)
         self.written += len(buf)
 
@@ -209,13 +368,21 @@ class RedoLog:
             if self.synced_written >= mark:
                 return
             target = self.written
-            os.fdatasync(self._fd)
+            fd = self._use()
+            try:
+                os.fdatasync(fd)
+            finally:
+                self._unuse()
             self.synced_written = target
 
     def sync(self, force=False):
         """fdatasync unless the mode is ``"never"`` (``force`` syncs anyway)."""
         if force or self.fsync != "never":
-            os.fdatasync(self._fd)
+            fd = self._use()
+            try:
+                os.fdatasync(fd)
+            finally:
+                self._unuse()
 
     def compact(self, snapshot_payload):
         """Replace the log with one SNAPSHOT frame, atomically."""
@@ -237,8 +404,12 @@ class RedoLog:
         os.replace(tmp, self.path)
         if self.fsync != "never":
             sync_dir(os.path.dirname(self.path))
-        os.close(self._fd)
-        self._fd = fd
+        self._use()                    # the log keeps its slot: the new file takes the old one's
+        try:
+            old, self._fd = self._fd, fd
+            os.close(old)
+        finally:
+            self._unuse()
         self.size = len(buf)
         self.frames_since_snapshot = 1
         self.written += len(buf)
@@ -246,13 +417,17 @@ class RedoLog:
             self.synced_written = self.written
 
     def close(self):
+        if self._shut:
+            return
+        self._shut = True
+        self.budget.leave(self)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
     @property
     def closed(self):
-        return self._fd < 0
+        return self._shut
 
 
 def _read_all(int fd, Py_ssize_t size):

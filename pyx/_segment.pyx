@@ -13,11 +13,27 @@ batch are zero: a zero magic is the clean end of a segment; anything else
 that fails a check is a torn or corrupt tail. A sealed segment ends at its
 last batch.
 
-The active segment is a file of ``segment_bytes_max`` bytes whose blocks
-are reserved with ``posix_fallocate`` a chunk ahead of the writer (on a
-nearly full disk, just what the batch needs; a full disk is a
-``StorageFullError`` at append time, the batch not written and the log end
-unchanged), mapped at its full capacity.
+The active segment may grow to ``segment_bytes_max`` bytes (its capacity,
+the length it is mapped at). Its file is only as long as the blocks
+reserved for it with ``posix_fallocate`` ahead of the writer: the
+reservation starts at ``RESERVE_MIN_BYTES`` and doubles each time the
+writer reaches its end, up to the capacity, so an idle partition holds
+64 KiB of disk and a busy one at most twice what it wrote. On a nearly
+full disk it reserves just what the batch needs; a full disk is a
+``StorageFullError`` at append time, the batch not written and the log
+end unchanged. Reserved bytes read as zeros, so the end of the batches is
+found as before.
+
+Open files are a budget (:class:`SegmentBudget`): a segment holds a
+descriptor and a mapping only while it is among the ``limit`` most
+recently used of its budget (a CLOCK approximation of LRU); an idle one is
+parked (descriptor closed, mapping dropped) and reopened by its next use.
+A use in progress (``users``) is never parked, and a parked mapping that
+an Arrow array or a memoryview still exports stays mapped until the last
+one is released (``txmq._mapping``), so eviction never invalidates a value
+a caller holds. A reopened segment keeps its indexes and quarantined
+ranges, and its new mapping is guarded against a file truncated under it
+like the first one.
 
 Each message byte is copied once, from the caller's buffers into the page
 cache behind the mapping, by one of two sinks. A fresh page of a shared
@@ -57,6 +73,9 @@ from posix.uio cimport iovec, pwritev
 from posix.unistd cimport close as c_close
 
 import os
+import resource
+import threading
+import weakref
 
 import numpy as np
 
@@ -77,9 +96,11 @@ cdef enum:
     # pwritev: the crossover of a per-page fault and a per-batch syscall.
     SMALL_BATCH_BYTES = 2048
 
-# Blocks are reserved this far ahead of the writer, so a full disk is an
-# OSError at append time, not a SIGBUS.
-cdef Py_ssize_t FALLOCATE_CHUNK_C = 8 * 1024 * 1024
+# Blocks are reserved ahead of the writer, so a full disk is an OSError at
+# append time, not a SIGBUS: first this much, then twice what is reserved
+# each time the writer reaches its end (capped by the capacity).
+RESERVE_MIN_BYTES = 64 * 1024
+cdef Py_ssize_t RESERVE_MIN_C = RESERVE_MIN_BYTES
 
 
 class SegmentClosedError(Exception):
@@ -110,8 +131,126 @@ cdef ssize_t _pwritev_all(int fd, iovec *iov, Py_ssize_t n, Py_ssize_t pos) noex
     return 0
 
 
+cdef class Segment
+
+
+def default_open_files():
+    """The segments a process keeps open by default: half its descriptor
+    limit (``RLIMIT_NOFILE``, the soft one), leaving the rest to sockets,
+    logs and the application, and at most a quarter of ``vm.max_map_count``
+    (each open segment is one mapping); at least 16."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
+        soft = 1 << 20
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            maps = int(f.read())
+    except (OSError, ValueError):
+        maps = 65530
+    return max(16, min(soft // 2, maps // 4))
+
+
+cdef class SegmentBudget:
+    """At most ``limit`` segments open at once (one descriptor and one
+    mapping each), across every log that opens its segments through this
+    budget. Opening one more parks the least recently used idle one (CLOCK:
+    each use sets a segment's bit, the hand clears it once before parking);
+    a segment in use is skipped, so a budget whose every segment is in use
+    runs over until one is released. Thread-safe."""
+    cdef readonly Py_ssize_t limit
+    cdef list ring                       # weak references to open segments; None: a free slot
+    cdef list free_slots
+    cdef Py_ssize_t hand
+    cdef readonly Py_ssize_t open_count  # slots taken (a segment freed unclosed counts until swept)
+    cdef readonly Py_ssize_t opened      # segments opened or reopened through this budget, ever
+    cdef readonly Py_ssize_t parked      # ... and parked by it
+    cdef object lock
+
+    def __init__(self, Py_ssize_t limit):
+        if limit < 1:
+            raise ValueError(f"a budget of {limit} open segments")
+        self.limit = limit
+        self.ring = []
+        self.free_slots = []
+        self.lock = threading.Lock()
+
+    cdef int admit(self, Segment seg) except -1:
+        """Count ``seg`` (just opened, in use) and park others if over."""
+        cdef Py_ssize_t slot
+        with self.lock:
+            if self.free_slots:
+                slot = self.free_slots.pop()
+                self.ring[slot] = weakref.ref(seg)
+            else:
+                slot = len(self.ring)
+                self.ring.append(weakref.ref(seg))
+            seg.slot = slot
+            self.open_count += 1
+            self.opened += 1
+            self._shrink()
+        return 0
+
+    cdef int leave(self, Segment seg) except -1:
+        """``seg`` closed for good: its slot is free."""
+        with self.lock:
+            if seg.slot >= 0:
+                self._free(seg.slot)
+                seg.slot = -1
+        return 0
+
+    cdef void _free(self, Py_ssize_t slot):
+        self.ring[slot] = None
+        self.free_slots.append(slot)
+        self.open_count -= 1
+
+    cdef int _shrink(self) except -1:
+        # Lock held. Between the check of a segment's users and its parking
+        # nothing releases the GIL, so a thread that starts using it either
+        # saw it open (and is counted in users, so it is skipped) or sees
+        # it parked (and reopens it).
+        cdef Py_ssize_t steps = 0, n = len(self.ring)
+        cdef Segment seg
+        while self.open_count > self.limit and steps <= 2 * n + 1:
+            steps += 1
+            self.hand = (self.hand + 1) % n
+            ref = self.ring[self.hand]
+            if ref is None:
+                continue
+            obj = ref()
+            if obj is None:                 # freed without close(): its descriptor went with it
+                self._free(self.hand)
+                continue
+            seg = <Segment>obj
+            if seg.users > 0:
+                continue
+            if seg.recent:
+                seg.recent = False
+                continue
+            self._free(self.hand)
+            seg.slot = -1
+            seg._park()
+            self.parked += 1
+        return 0
+
+    def stats(self) -> dict:
+        return {"limit": self.limit, "open": self.open_count, "opened": self.opened, "parked": self.parked}
+
+
+cdef SegmentBudget _default_budget = None
+
+
+def default_budget():
+    """The process's shared budget, of :func:`default_open_files` segments."""
+    global _default_budget
+    if _default_budget is None:
+        _default_budget = SegmentBudget(default_open_files())
+    return _default_budget
+
+
 cdef class Segment:
-    """One segment file of a partition log, mapped, with its sparse indexes."""
+    """One segment file of a partition log, mapped, with its sparse indexes.
+    Its descriptor and mapping come and go with its ``budget`` (default:
+    :func:`default_budget`); every method reopens them as needed."""
     cdef readonly object path
     cdef readonly int64_t base_offset
     cdef readonly int64_t next_offset
@@ -119,8 +258,15 @@ cdef class Segment:
     cdef readonly Py_ssize_t capacity
     cdef readonly bint writable
     cdef readonly int64_t last_publish_time
-    cdef readonly Mapping mapping
+    cdef Mapping _map
     cdef int fd
+    cdef SegmentBudget budget
+    cdef Py_ssize_t slot                 # in the budget's ring; -1: parked or closed
+    cdef bint recent                     # used since the budget's hand last passed
+    cdef int users                       # uses in progress: never parked meanwhile
+    cdef bint shut                       # closed for good
+    cdef bint torn_before                # a page of a mapping parked since had faulted
+    cdef object __weakref__
     cdef Py_ssize_t allocated
     cdef bint unreserved                 # the file system refused posix_fallocate
     cdef bint fresh                      # created empty here: nothing to scan
@@ -141,8 +287,10 @@ cdef class Segment:
     cdef Py_ssize_t nq
 
     def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
-                 Py_ssize_t index_interval=4096):
+                 Py_ssize_t index_interval=4096, SegmentBudget budget=None):
         self.path = os.fspath(path)
+        self.budget = budget if budget is not None else default_budget()
+        self.slot = -1
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.writable = writable
@@ -157,27 +305,119 @@ cdef class Segment:
         self.quarantine = []
         self.nq = 0
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
-        self.fd = os.open(self.path, flags, 0o644)
-        file_size = os.fstat(self.fd).st_size
-        # A new file holds no batch: recovery must not read its pages (on
-        # tmpfs a read of a hole allocates one, a SIGBUS when it is full).
-        self.fresh = writable and file_size == 0
-        if writable:
-            self.capacity = max(capacity, file_size)
-            if file_size < self.capacity:
-                os.ftruncate(self.fd, self.capacity)
+        fd = os.open(self.path, flags, 0o644)
+        try:
+            file_size = os.fstat(fd).st_size
+            # A new file holds no batch: recovery must not read its pages (on
+            # tmpfs a read of a hole allocates one, a SIGBUS when it is full).
+            self.fresh = writable and file_size == 0
+            # The file grows with its reservation (_reserve), never up front.
+            self.capacity = max(capacity, file_size) if writable else file_size
             self.allocated = file_size
-        else:
-            self.capacity = file_size
+        except BaseException:
+            os.close(fd)
+            raise
         self.size = 0
         self.verified_end = 0
         self.verified_from = PY_SSIZE_T_MAX
-        if self.capacity > 0:
-            self.mapping = Mapping(self.fd, self.capacity, writable)
+        self.users += 1
+        try:
+            self._adopt(fd)
+        finally:
+            self.users -= 1
+
+    cdef int _adopt(self, int fd) except -1:
+        """Map the file open at ``fd`` and count it in the budget (the
+        caller holds a use, so the budget cannot park it at once)."""
+        try:
+            self._map = Mapping(fd, self.capacity, self.writable) if self.capacity > 0 else None
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self.recent = True
+        self.budget.admit(self)
+        return 0
+
+    cdef int _reopen(self) except -1:
+        if self.shut:
+            raise SegmentClosedError(f"{self.path}: segment is closed")
+        try:
+            fd = os.open(self.path, os.O_RDWR if self.writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise SegmentClosedError(f"{self.path} was deleted") from None
+        if self.torn_before:
+            os.close(fd)
+            self._raise_torn(self.size)
+        try:
+            size = os.fstat(fd).st_size
+        except BaseException:
+            os.close(fd)
+            raise
+        if size < self.size:
+            # What the mapping guard would find on the first read of the
+            # lost bytes: the file shrank below its batches while parked.
+            os.close(fd)
+            raise CorruptLogError(self.path, size,
+                                  f"the file changed while its descriptor was parked (now {size} bytes, its "
+                                  f"batches end at {self.size}; truncated by another process?)")
+        self._adopt(fd)
+        return 0
+
+    cdef inline int _use(self) except -1:
+        """Hold the descriptor and mapping (reopened if parked) until
+        :meth:`_unuse`."""
+        self.users += 1
+        self.recent = True
+        if self.fd < 0:
+            try:
+                self._reopen()
+            except BaseException:
+                self.users -= 1
+                raise
+        return 0
+
+    cdef inline void _unuse(self) noexcept:
+        self.users -= 1
+
+    cdef void _park(self) noexcept:
+        """Close the descriptor and drop the mapping (the budget's call,
+        with no use in progress). Views of the mapping keep it mapped."""
+        cdef int fd = self.fd
+        cdef Mapping m = self._map
+        self.fd = -1
+        self._map = None
+        if m is not None:
+            if m.torn():
+                self.torn_before = True     # the next mapping must not forget it
+            m.close()
+        if fd >= 0:
+            c_close(fd)
+
+    @property
+    def parked(self):
+        """Whether the budget closed this segment's descriptor (reopened
+        by its next use)."""
+        return self.fd < 0 and not self.shut
+
+    @property
+    def mapping(self):
+        """The mapping (reopened if parked; None for an empty read-only
+        file). A view taken of it keeps it mapped after the segment is
+        parked or closed."""
+        if self.shut:
+            return self._map
+        self._use()
+        try:
+            return self._map
+        finally:
+            self._unuse()
 
     @property
     def file_size(self):
-        return os.fstat(self.fd).st_size
+        if self.fd >= 0:
+            return os.fstat(self.fd).st_size
+        return os.stat(self.path).st_size
 
     # -- appending ---------------------------------------------------------
 
@@ -196,7 +436,18 @@ cdef class Segment:
             raise PermissionError(f"{self.path} is open read-only")
         if start + need > self.capacity:
             return -1
-        if self.mapping is not None and self.mapping.torn():
+        self._use()
+        try:
+            self._append(spec, need, start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
+                         base_sequence, publish_time)
+        finally:
+            self._unuse()
+        return base
+
+    cdef int _append(self, BatchSpec spec, Py_ssize_t need, Py_ssize_t start, int64_t base, uint16_t flags,
+                     uint64_t txn_hi, uint64_t txn_lo, int64_t producer_id, int16_t producer_epoch,
+                     int32_t base_sequence, int64_t publish_time) except -1:
+        if self._map is not None and self._map.torn():
             self._raise_torn(start)
         self._reserve(start + need)
         # Small batches are stored through the mapping (a page's zero-fill
@@ -204,10 +455,10 @@ cdef class Segment:
         # pwritev (one syscall per batch). Either way, one copy.
         # A store into an unreserved page of a full disk is a SIGBUS, so
         # without a reservation every batch goes through pwritev.
-        self._write(spec, self.mapping.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
+        self._write(spec, self._map.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
                     else NULL, start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
                     base_sequence, publish_time)
-        if self.mapping.torn():             # the store went to a page the file no longer has
+        if self._map.torn():             # the store went to a page the file no longer has
             self._raise_torn(start)
         self._indexed(start, base, publish_time)
         if self.verified_from > start:      # a segment never recovered: all of it is ours
@@ -215,7 +466,7 @@ cdef class Segment:
         self.size = start + need
         self.next_offset = base + spec.count
         self.last_publish_time = publish_time
-        return base
+        return 0
 
     cdef int _write(self, BatchSpec spec, char *dst, Py_ssize_t start, int64_t base,
                     uint16_t flags, uint64_t txn_hi, uint64_t txn_lo, int64_t producer_id,
@@ -249,11 +500,14 @@ cdef class Segment:
             free_pieces(&pieces)
 
     cdef _reserve(self, Py_ssize_t end):
+        """Reserve (and zero) blocks up to ``end`` at least: twice what is
+        reserved, at least RESERVE_MIN_BYTES, at most the capacity. The
+        file grows with it (posix_fallocate extends it)."""
         cdef Py_ssize_t want
         cdef int rc
         if end <= self.allocated:
             return
-        want = min(self.capacity, max(end, self.allocated + FALLOCATE_CHUNK_C))
+        want = min(self.capacity, max(end, 2 * self.allocated, RESERVE_MIN_C))
         with nogil:
             rc = posix_fallocate(self.fd, self.allocated, want - self.allocated)
             if (rc == ENOSPC or rc == EDQUOT) and want > end:
@@ -294,12 +548,12 @@ cdef class Segment:
         """Make [start, end) durable (msync MS_SYNC); end=-1 means the log end."""
         if end < 0:
             end = self.size
-        if self.mapping is not None:
+        if self.capacity > 0 and end > start:
             self._pin()
             try:
-                self.mapping.sync(start, end)
+                self._map.sync(start, end)
             finally:
-                self.mapping.unpin()
+                self._unpin()
 
     # -- recovery ----------------------------------------------------------
 
@@ -317,17 +571,27 @@ cdef class Segment:
         reached, which ends the log. A bad batch at or past ``cut_from``
         (when not -1) ends the log too: bytes there were never flushed.
         """
+        self._use()
+        try:
+            return self._recover(start_pos, start_offset, quarantine, holes_end, cut_from)
+        finally:
+            self._unuse()
+
+    cdef _recover(self, Py_ssize_t start_pos, int64_t start_offset, bint quarantine, bint holes_end,
+                  Py_ssize_t cut_from):
         cdef Py_ssize_t pos = start_pos, limit
         cdef int64_t expected = start_offset
         cdef const char *base
         cdef str reason = None
-        if self.mapping is None or (self.fresh and start_pos == 0):
+        if self._map is None or (self.fresh and start_pos == 0):
             self.size = 0
             self.next_offset = start_offset
             self.allocated = 0
             return None if start_pos == 0 else (start_pos, "segment is empty")
-        base = self.mapping.base
-        limit = self.mapping.size
+        base = self._map.base
+        # Past the file's end the mapping has no pages (the file grows with
+        # its reservation): the scan stops there.
+        limit = min(self._map.size, os.fstat(self.fd).st_size)
         while pos < limit:
             if self.nq:
                 pos = self._hop(pos, &expected)
@@ -342,7 +606,7 @@ cdef class Segment:
             else:
                 reason = check_batch(base + pos, limit - pos, expected, True, NULL)
             if reason is not None:
-                found = self.find_batch(pos + 8, expected + 1, limit) \
+                found = self._find_batch(pos + 8, expected + 1, limit) \
                     if quarantine and (cut_from < 0 or pos < cut_from) else None
                 if found is None:
                     break
@@ -355,7 +619,7 @@ cdef class Segment:
             self.last_publish_time = load_i64(base + pos + PUBLISH_TIME_OFFSET)
             expected += load_i32(base + pos + COUNT_OFFSET)
             pos += load_u32(base + pos + LENGTH_OFFSET)
-        if self.mapping.torn():
+        if self._map.torn():
             self._raise_torn(pos)
         self.size = pos
         self.verified_from = start_pos      # [0, start_pos) was trusted, not checked
@@ -380,34 +644,52 @@ cdef class Segment:
         header is never followed: each candidate is checked against the
         bytes left below ``limit``, so no byte pattern makes the scan read
         outside the mapping."""
+        if self.shut:
+            return None
+        self._use()
+        try:
+            return self._find_batch(pos, min_offset, limit)
+        finally:
+            self._unuse()
+
+    cdef _find_batch(self, Py_ssize_t pos, int64_t min_offset, Py_ssize_t limit):
         cdef Py_ssize_t q
         cdef const char *p
         cdef uint64_t head = <uint64_t>BATCH_MAGIC | (<uint64_t>BATCH_VERSION << 32)
-        if self.mapping is None or self.mapping.base == NULL:
+        if self._map is None or self._map.base == NULL:
             return None
         if limit < 0:
             limit = self.size
-        limit = min(limit, self.mapping.size)
+        limit = min(limit, self._map.size)
         q = (pos + 7) & ~(<Py_ssize_t>7)
-        p = self.mapping.base
+        p = self._map.base
         while q + HEADER_SIZE <= limit:
             if (load_u64(p + q) & 0xFF_FFFF_FFFF) == head and load_i64(p + q + BASE_OFFSET_OFFSET) >= min_offset:
                 if check_batch(p + q, limit - q, -1, True, NULL) is None:
                     return (q, load_i64(p + q + BASE_OFFSET_OFFSET))
             q += 8
-        if self.mapping.torn():
+        if self._map.torn():
             self._raise_torn(pos)
         return None
 
     def check_at(self, Py_ssize_t pos, int64_t expected=-1):
         """None when a sound batch (CRC checked) whose base offset is
         ``expected`` (-1: any) starts at ``pos`` of the mapped file, else
-        why not."""
-        if self.mapping is None or self.mapping.base == NULL:
-            return "segment is empty"
-        if pos < 0 or pos % 8 or pos >= self.mapping.size:
-            return "position outside the segment"
-        return check_batch(self.mapping.base + pos, self.mapping.size - pos, expected, True, NULL)
+        why not. Only the file's bytes are read: an active segment is
+        mapped past its file's end, where a read would fault."""
+        cdef Py_ssize_t limit
+        if self.shut:
+            return "segment is closed"
+        self._use()
+        try:
+            if self._map is None or self._map.base == NULL:
+                return "segment is empty"
+            limit = min(self._map.size, os.fstat(self.fd).st_size)
+            if pos < 0 or pos % 8 or pos >= limit:
+                return "position outside the segment"
+            return check_batch(self._map.base + pos, limit - pos, expected, True, NULL)
+        finally:
+            self._unuse()
 
     cdef _add_quarantine(self, Py_ssize_t pos, Py_ssize_t end_pos, int64_t first, int64_t end, str reason):
         cdef Py_ssize_t i = 0
@@ -467,16 +749,16 @@ cdef class Segment:
             if pos >= self.size:
                 return self.size
             verify = self.verified_end <= pos < self.verified_from
-            reason = check_batch(self.mapping.base + pos, self.size - pos, expected, verify, NULL)
-            if self.mapping.torn():         # zeros of a file that shrank: not damage to quarantine
+            reason = check_batch(self._map.base + pos, self.size - pos, expected, verify, NULL)
+            if self._map.torn():         # zeros of a file that shrank: not damage to quarantine
                 self._raise_torn(pos)
             if reason is None:
                 if verify and pos == self.verified_end:
-                    self.verified_end = pos + load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+                    self.verified_end = pos + load_u32(self._map.base + pos + LENGTH_OFFSET)
                     if self.verified_end >= self.verified_from:
                         self.verified_from = 0
                 return pos
-            found = self.find_batch(pos + 8, expected + 1, self.size)
+            found = self._find_batch(pos + 8, expected + 1, self.size)
             if found is None or found[1] >= self.next_offset:
                 self._add_quarantine(pos, self.size, expected, self.next_offset, reason)
                 return self.size
@@ -492,7 +774,7 @@ cdef class Segment:
         try:
             return self._good_from(0, self.base_offset)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def next_position(self, Py_ssize_t pos):
         """The position of the batch after the one at ``pos`` (a checked
@@ -501,11 +783,11 @@ cdef class Segment:
         self._pin()
         try:
             s = self._checked(pos)
-            return self._good_from(pos + load_u32(self.mapping.base + pos + LENGTH_OFFSET),
-                                   load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET)
-                                   + load_i32(self.mapping.base + pos + COUNT_OFFSET))
+            return self._good_from(pos + load_u32(self._map.base + pos + LENGTH_OFFSET),
+                                   load_i64(self._map.base + pos + BASE_OFFSET_OFFSET)
+                                   + load_i32(self._map.base + pos + COUNT_OFFSET))
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def reindex(self):
         """Rebuild the sparse indexes from the batches (an index found wrong)."""
@@ -521,12 +803,12 @@ cdef class Segment:
                     if pos >= self.size:
                         break
                 self._checked(pos)
-                self._indexed(pos, load_i64(self.mapping.base + pos + BASE_OFFSET_OFFSET),
-                              load_i64(self.mapping.base + pos + PUBLISH_TIME_OFFSET))
-                pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+                self._indexed(pos, load_i64(self._map.base + pos + BASE_OFFSET_OFFSET),
+                              load_i64(self._map.base + pos + PUBLISH_TIME_OFFSET))
+                pos += load_u32(self._map.base + pos + LENGTH_OFFSET)
             self.index_faults = 0
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def verify(self):
         """O(n) check of every batch (magic, length, CRC, offsets, dense
@@ -543,18 +825,18 @@ cdef class Segment:
                     pos = self._hop(pos, &expected)
                     if pos >= self.size:
                         break
-                reason = check_batch(self.mapping.base + pos, self.size - pos, expected, True, NULL)
+                reason = check_batch(self._map.base + pos, self.size - pos, expected, True, NULL)
                 if reason is not None:
                     return (pos, reason)
-                expected += load_i32(self.mapping.base + pos + COUNT_OFFSET)
-                pos += load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+                expected += load_i32(self._map.base + pos + COUNT_OFFSET)
+                pos += load_u32(self._map.base + pos + LENGTH_OFFSET)
             if self.nq:
                 self._hop(pos, &expected)
             if expected != self.next_offset:
                 return (pos, f"batches end at offset {expected}, segment claims {self.next_offset}")
             return None
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     cdef bint _zero_from(self, Py_ssize_t pos, Py_ssize_t limit):
         """True when the bytes after a zeroed batch header are zero too, as
@@ -572,6 +854,13 @@ cdef class Segment:
         started (a torn tail, or the batches after a corrupt one)."""
         if not self.writable:
             raise PermissionError(f"{self.path} is open read-only")
+        self._use()
+        try:
+            self._truncate_at(pos, next_offset)
+        finally:
+            self._unuse()
+
+    cdef _truncate_at(self, Py_ssize_t pos, int64_t next_offset):
         while self.idx_n and self.idx_pos[self.idx_n - 1] >= pos:
             self.idx_n -= 1
         while self.tix_n and self.tix_off[self.tix_n - 1] >= next_offset:
@@ -580,9 +869,9 @@ cdef class Segment:
         if self.nq:
             self.quarantine = [q for q in self.quarantine if q[0] < pos]
             self.nq = len(self.quarantine)
-        # Shrinking and re-growing the file zeroes the tail and frees its blocks.
+        # Shrinking the file frees the tail's blocks; the next reservation
+        # brings back zeros.
         os.ftruncate(self.fd, pos)
-        os.ftruncate(self.fd, self.capacity)
         self.allocated = pos
         self.size = min(self.size, pos)
         self.verified_end = min(self.verified_end, pos)
@@ -614,7 +903,14 @@ cdef class Segment:
         self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
         self.size = size
         self.next_offset = next_offset
-        self._walk_tail()
+        if self._map is not None or self.fd < 0:
+            self._use()
+            try:
+                self._walk_tail()
+            finally:
+                self._unuse()
+        else:
+            self._walk_tail()
 
     cdef _walk_tail(self):
         """From the last index entry to ``size``: the true last publish time
@@ -626,11 +922,11 @@ cdef class Segment:
         cdef const char *p
         if self.tix_n:
             self.last_publish_time = max(self.last_publish_time, self.tix_ts[self.tix_n - 1])
-        if self.mapping is None or self.size == 0:
+        if self._map is None or self.size == 0:
             return
         if self.idx_n and self._idx_entry_ok(self.idx_n - 1):
             pos = self.idx_pos[self.idx_n - 1]
-        p = self.mapping.base
+        p = self._map.base
         while True:
             if self.nq:
                 pos = self._hop(pos, NULL)
@@ -648,7 +944,7 @@ cdef class Segment:
         try:
             return self._locate(offset)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     cdef Py_ssize_t _locate(self, int64_t offset) except -2:
         """Position of the batch holding ``offset`` (or the first batch after
@@ -658,7 +954,7 @@ cdef class Segment:
         cdef int64_t base, expected = self.base_offset
         if offset >= self.next_offset or self.size == 0:
             return -1
-        p = self.mapping.base
+        p = self._map.base
         if self.idx_n:
             i = np.searchsorted(self.idx_off[:self.idx_n], offset, side="right") - 1
             if i >= 0:
@@ -684,7 +980,7 @@ cdef class Segment:
         try:
             return self._find_time(timestamp)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def _find_time(self, int64_t timestamp):
         """Offset of the first batch published at or after ``timestamp``, or -1."""
@@ -692,7 +988,7 @@ cdef class Segment:
         cdef const char *p
         if self.size == 0:
             return -1
-        p = self.mapping.base
+        p = self._map.base
         if self.tix_n:
             i = np.searchsorted(self.tix_ts[:self.tix_n], timestamp, side="left") - 1
             if i >= 0:
@@ -721,31 +1017,39 @@ cdef class Segment:
             return True
         if pos < 0 or pos + HEADER_SIZE > self.size or pos % 8:
             return False
-        if check_batch(self.mapping.base + pos, self.size - pos, self.idx_off[i], True, NULL) is not None:
+        if check_batch(self._map.base + pos, self.size - pos, self.idx_off[i], True, NULL) is not None:
             return False
         ok[i] = 1
         return True
 
     cdef int _pin(self) except -1:
-        if self.mapping is None:
-            raise SegmentClosedError(f"{self.path} is empty")
-        if self.mapping.base == NULL:
+        """Hold the mapping for a read (reopened if parked) until :meth:`_unpin`."""
+        if self.shut:
             raise SegmentClosedError("segment is closed")
-        return self.mapping.pin()
+        self._use()
+        if self._map is None or self._map.base == NULL:
+            self._unuse()
+            raise SegmentClosedError(f"{self.path} is empty")
+        self._map.pin()
+        return 0
+
+    cdef inline void _unpin(self) noexcept:
+        self._map.unpin()
+        self._unuse()
 
     cdef Sections _checked(self, Py_ssize_t pos) except *:
         """Check the batch at ``pos`` (CRC once per process) or raise CorruptLogError."""
         cdef Sections s
         cdef bint verify = self.verified_end <= pos < self.verified_from
-        if pos < 0 or pos >= self.size or self.mapping is None or self.mapping.base == NULL:
+        if pos < 0 or pos >= self.size or self._map is None or self._map.base == NULL:
             raise CorruptLogError(self.path, pos, "position outside the segment")
-        reason = check_batch(self.mapping.base + pos, self.size - pos, -1, verify, &s)
-        if self.mapping.torn():
+        reason = check_batch(self._map.base + pos, self.size - pos, -1, verify, &s)
+        if self._map.torn():
             self._raise_torn(pos)
         if reason is not None:
             raise CorruptLogError(self.path, pos, reason)
         if verify and pos == self.verified_end:
-            self.verified_end = pos + load_u32(self.mapping.base + pos + LENGTH_OFFSET)
+            self.verified_end = pos + load_u32(self._map.base + pos + LENGTH_OFFSET)
             if self.verified_end >= self.verified_from:
                 self.verified_from = 0      # prefix met tail: everything is checked
         return s
@@ -754,28 +1058,39 @@ cdef class Segment:
         """A page of the mapping faulted: the file lost bytes under it
         (truncated by another process) or a block of it could not be
         allocated. What was read there is zeros: stop with an error."""
-        size = os.fstat(self.fd).st_size if self.fd >= 0 else -1
+        try:
+            size = self.file_size
+        except OSError:
+            size = -1
         raise CorruptLogError(self.path, min(pos, size) if size >= 0 else pos,
                               f"the file changed under its mapping (now {size} bytes; truncated by another "
                               f"process?): its mapped bytes can no longer be read")
 
     def check_mapping(self):
         """Raise CorruptLogError when a page of the mapping faulted since it
-        was made (``Mapping.torn``)."""
-        if self.mapping is not None and self.mapping.torn():
+        was made (``Mapping.torn``), or, while parked, when the file shrank
+        below its batches (which the next use would find)."""
+        if self._map is not None and self._map.torn():
             self._raise_torn(self.size)
+        if self.fd < 0 and not self.shut:
+            try:
+                size = os.stat(self.path).st_size
+            except FileNotFoundError:
+                return                      # removed: see ``removed``
+            if size < self.size:
+                self._raise_torn(self.size)
 
     def batch_at(self, Py_ssize_t pos):
         self._pin()
         try:
             return self._batch_at(pos)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def _batch_at(self, Py_ssize_t pos):
         """The checked header of the batch at ``pos``."""
         self._checked(pos)
-        return batch_info(self.mapping.base + pos, pos)
+        return batch_info(self._map.base + pos, pos)
 
     def messages(self, Py_ssize_t pos, int64_t from_offset=0, Py_ssize_t limit=0x7FFFFFFF):
         """Decode the batch at ``pos`` into ``(offset, key, value, headers,
@@ -784,7 +1099,7 @@ cdef class Segment:
         try:
             return self._decode(pos, from_offset, limit, None, None, 0, None, False)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def read_messages(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, str topic,
                       int partition, id_type, txn_id=None):
@@ -794,14 +1109,14 @@ cdef class Segment:
         try:
             return self._decode(pos, from_offset, limit, id_type, topic, partition, txn_id, True)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     cdef list _decode(self, Py_ssize_t pos, int64_t from_offset, Py_ssize_t limit, id_type,
                       str topic, int partition, txn_id, bint as_messages):
         cdef Sections s = self._checked(pos)
-        out = decode_batch(self.mapping.base + pos, s, self.path, pos, from_offset, limit, id_type,
+        out = decode_batch(self._map.base + pos, s, self.path, pos, from_offset, limit, id_type,
                            topic, partition, txn_id, as_messages)
-        if self.mapping.torn():
+        if self._map.torn():
             self._raise_torn(pos)
         return out
 
@@ -813,59 +1128,83 @@ cdef class Segment:
         self._pin()
         try:
             self._checked(pos)
-            length = load_u32(self.mapping.base + pos + LENGTH_OFFSET)
-            return memoryview(self.mapping)[pos:pos + length]
+            length = load_u32(self._map.base + pos + LENGTH_OFFSET)
+            return memoryview(self._map)[pos:pos + length]
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def arrow_buffers(self, Py_ssize_t pos):
         self._pin()
         try:
             return self._arrow_buffers(pos)
         finally:
-            self.mapping.unpin()
+            self._unpin()
 
     def _arrow_buffers(self, Py_ssize_t pos):
         """Zero-copy views of one batch for Arrow: a dict of memoryviews over
         the mapping (``key_offsets``, ``keys``, ``validity`` or None,
         ``value_offsets``, ``values``, ``event_deltas``) plus ``count``."""
         cdef Sections s = self._checked(pos)
-        return arrow_views(self.mapping, self.mapping.base + pos, s, self.path, pos)
+        return arrow_views(self._map, self._map.base + pos, s, self.path, pos)
 
     # -- lifetime ----------------------------------------------------------
 
     def close(self, bint trim=True):
-        """Unmap (deferred while views live) and close; a writable segment is
-        trimmed to its used size so a sealed file ends at its last batch."""
-        if self.mapping is not None:
-            self.mapping.close()
-        if self.fd >= 0:
-            if self.writable and trim:
+        """Unmap (deferred while views live) and close for good; a writable
+        segment is trimmed to its used size so a sealed file ends at its
+        last batch."""
+        if self.shut:
+            return
+        if self.writable and trim and self.file_size != self.size:   # (a no-op truncate still bumps mtime)
+            self._use()
+            try:
                 os.ftruncate(self.fd, self.size)
+            finally:
+                self._unuse()
+        self.shut = True
+        self.budget.leave(self)
+        # The closed mapping stays referenced: a read that pinned it
+        # unpins it through this segment.
+        if self._map is not None:
+            self._map.close()
+        if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
     def sync_file(self):
         """fsync the file: its data and its size (after a trim)."""
-        if self.fd >= 0:
+        if self.shut:
+            return
+        self._use()
+        try:
             os.fsync(self.fd)
+        finally:
+            self._unuse()
 
     def seal(self):
         """Trim the file to its batches (it stays mapped for readers)."""
-        if self.writable and self.fd >= 0:
-            os.ftruncate(self.fd, self.size)
+        if self.writable and not self.shut:
+            self._use()
+            try:
+                os.ftruncate(self.fd, self.size)
+            finally:
+                self._unuse()
             self.capacity = self.size
             self.allocated = self.size
 
     @property
     def closed(self):
-        return self.fd < 0
+        """Closed for good (a parked segment is not)."""
+        return self.shut
 
     @property
     def removed(self):
         """Whether another process removed the file (it has no name left):
-        what is written to it would be lost on close."""
-        return self.fd >= 0 and os.fstat(self.fd).st_nlink == 0
+        what is written to it would be lost on close. A parked segment's
+        file is looked up by its name."""
+        if self.fd >= 0:
+            return os.fstat(self.fd).st_nlink == 0
+        return not self.shut and not os.path.exists(self.path)
 
     def __dealloc__(self):
         if self.fd >= 0:

@@ -16,8 +16,8 @@ appended), ``half.appended`` (appended, record not settled),
 ``half.discarding`` (DISCARDING framed, not in the check-max topic);
 staged ingest: ``ingest.appended`` (staged messages appended in their
 transaction, not committed), ``ingest.committed`` (committed, staging not
-removed); topics: ``topic.created_partitions`` (partition folders made,
-``topic.json`` not written), ``topic.delete_renamed`` (the topic's folder
+removed); topics: ``topic.created_partitions`` (the topic's folder made,
+``topic.json`` not written; partition folders come with their first use), ``topic.delete_renamed`` (the topic's folder
 renamed as deleted, its subscriptions not yet).
 """
 

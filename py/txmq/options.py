@@ -86,3 +86,11 @@ def retention_options(retention_ms, retention_bytes) -> tuple:
 
 def partitions_option(partitions) -> int:
     return int_option("partitions", partitions, 1, PARTITIONS_MAX)
+
+
+def open_files_option(open_files_max):
+    """None (share the process's budget, sized from ``RLIMIT_NOFILE``:
+    ``txmq._segment.default_open_files``) or an int >= 4: how many segment
+    files a broker or a read-only view keeps open at once (a descriptor
+    and a mapping each)."""
+    return int_option("open_files_max", open_files_max, 4, optional=True)

@@ -246,6 +246,7 @@ def test_named_producer_continues_across_restart(tmp_path, damage):
         raw[20] ^= 0xFF
         snap.write_bytes(bytes(raw))
     with txmq.Broker(path, fsync="never") as b:
+        b.high_watermark("t", 0)             # partitions open (and recover) on first use
         if damage == "bad snapshot":
             assert any("producers.snap" in d for d in b.stats()["topics"]["t"]["partitions"][0]["truncated_on_open"])
         p = b.producer("t", name="svc-a")

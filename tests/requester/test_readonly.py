@@ -86,8 +86,8 @@ def committed_names(status) -> set:
 def mapped_ranges(view):
     out = []
     for s in view.segments:
-        if s.segment.mapping is None:            # an empty file (a roll the writer died after): nothing to read
-            continue
+        if s.segment.mapping is None:
+            continue              # an empty file (a segment just rolled): nothing mapped
         whole = memoryview(s.segment.mapping)
         out.append((pa.py_buffer(whole).address, len(whole)))
     return out
@@ -212,7 +212,9 @@ def test_after_sigkill_a_prefix_of_what_recovery_shows(tmp_path):
     # saw is a prefix of what it then shows.
     recovered = tmp_path / "recovered"
     shutil.copytree(data, recovered, ignore=shutil.ignore_patterns("control.sock"))
-    txmq.Broker(recovered, fsync="never").close()
+    with txmq.Broker(recovered, fsync="never") as b:
+        for p in PARTITIONS:
+            b.high_watermark("t", p)      # partitions open (and recover) on first use
     ro_rec = readonly.open(recovered)
     for p in PARTITIONS:
         v = ro_rec.view("t", p)

@@ -78,7 +78,9 @@ def test_full_disk_fails_typed_keeps_what_was_acknowledged_and_resumes(small_fs)
         c = b.subscribe("t", "s", "exclusive", initial_position="earliest")
         p = b.producer("t")
         sent = {}
-        for i in range(200):
+        # Enough to read and ack past the point where an ack finds the disk
+        # full (sends stop there soon: a segment reserves little ahead).
+        for i in range(2000):
             mid = p.send(b"before-%d" % i)
             sent[(mid.partition, mid.offset)] = b"before-%d" % i
         _fill(small_fs / "pad")

@@ -133,7 +133,10 @@ class PartitionScan:
 
 
 def scan_files(pdir: str):
-    """Every batch of every segment file, parsed from the bytes."""
+    """Every batch of every segment file, parsed from the bytes (none for a
+    partition never opened: its folder comes with its first use)."""
+    if not os.path.isdir(pdir):
+        return [], 0, []
     bases = sorted(int(n[:-4]) for n in os.listdir(pdir) if n.endswith(".log") and n[:-4].isdigit())
     assert bases, f"{pdir}: no segment"
     assert bases[0] == 0, f"{pdir}: first segment {bases[0]} (no retention here)"

@@ -57,7 +57,8 @@ from txmq.broker.control_socket import ControlServer
 from txmq.broker.ingester import Ingester
 from txmq.storage.staging import clean_staging
 from txmq.options import (INT32_MAX, TIMEOUT_MAX_SECONDS, choice_option, flag_option, int_option,
-                          partitions_option, retention_options, seconds_option)
+                          open_files_option, partitions_option, retention_options, seconds_option)
+from txmq.storage.log import segment_budget
 from txmq.storage.delivery import ISOLATIONS
 from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription
 from txmq.storage.topic import Topic, check_subscription_name, check_topic_name
@@ -106,6 +107,12 @@ class Broker:
     ``control_socket`` (default True): listen on ``<data>/control.sock``
     for requests of other processes (:mod:`txmq.control`): staged ingest
     from Spark tasks and other writers (:mod:`txmq.ingest`).
+
+    ``open_files_max``: how many segment files stay open at once (a
+    descriptor and a mapping each; idle ones are parked and reopened on
+    use); None (default) shares the process's budget, half of
+    ``RLIMIT_NOFILE``. Partitions open lazily: opening the directory opens
+    those recovery needs, the others open on first use (docs/API.md).
     """
 
     def __init__(self, path, fsync: str = "commit", *, segment_bytes_max: int = 256 * MiB,
@@ -114,7 +121,8 @@ class Broker:
                  retention_check_interval: float = 60.0, num_coordinators: int = 4,
                  transaction_timeout_max: float = 900.0, producer_id_expiration: float = 7 * 24 * 3600.0,
                  half_check_interval: float = 60.0, half_check_immunity: float = 6.0, half_max_checks: int = 15,
-                 half_retention: float = 3 * 24 * 3600.0, control_socket: bool = True):
+                 half_retention: float = 3 * 24 * 3600.0, control_socket: bool = True,
+                 open_files_max: int | None = None):
         self.path = datadir.resolve(path)
         self._closed = True
         # Every option is checked before the directory is touched.
@@ -138,6 +146,7 @@ class Broker:
         half_retention = seconds_option("half_retention", half_retention)
         half_max_checks = int_option("half_max_checks", half_max_checks, 0)
         control_socket = flag_option("control_socket", control_socket)
+        open_files_max = open_files_option(open_files_max)
         self.fsync = fsync
         self.num_coordinators = num_coordinators
         self.transaction_timeout_max = transaction_timeout_max
@@ -149,7 +158,9 @@ class Broker:
         self._partition_options = dict(fsync=fsync, segment_bytes_max=segment_bytes_max,
                                        max_message_bytes=max_message_bytes,
                                        index_interval_bytes=index_interval_bytes,
-                                       producer_expiration_ms=int(producer_id_expiration * 1000))
+                                       producer_expiration_ms=int(producer_id_expiration * 1000),
+                                       budget=segment_budget(open_files_max))
+        self._recovering = True            # partitions opened now are ended by recovery, not _partition_opened
         self._producer_ids = None
         self._half = None
         self._control = None
@@ -175,10 +186,11 @@ class Broker:
             try:
                 self._recover()
                 self._recover_transactions()
+                self._recovering = False
                 self._producer_ids = ProducerRegistry(os.path.join(self.path, "producers.log"), fsync)
                 # A damaged registry must not hand out an id still in use.
                 in_use = [pid for tc in self._coordinators for pid, _ in tc.tids.values()]
-                in_use += [p.producers.max_producer_id() for t in self._topics.values() for p in t.partitions]
+                in_use += [p.producers.max_producer_id() for t in self._topics.values() for p in t.opened()]
                 self._producer_ids.reserve_above(max(in_use, default=-1))
                 self._half = HalfStore(self, os.path.join(self.path, "half"), fsync, self._partition_options,
                                        check_immunity=half_check_immunity, max_checks=half_max_checks,
@@ -219,7 +231,7 @@ class Broker:
         names, problems = datadir.clean_topics(self.path, self.fsync != "never")
         for name in names:
             tdir = os.path.join(self.path, "topics", name)
-            topic = Topic(tdir, name, Topic.load_config(tdir), self._partition_options)
+            topic = Topic(tdir, name, Topic.load_config(tdir), self._partition_options, self._partition_opened)
             self._topics[name] = topic
             sdir = os.path.join(self.path, "subscriptions", name)
             subs, sub_problems = datadir.clean_subscriptions(sdir)
@@ -255,7 +267,17 @@ class Broker:
             entry = logged.get(words)              # unknown to its coordinator: abort
             return entry is not None and entry[0] in (COMMITTING, COMMITTED)
 
-        partitions = [p for t in self._topics.values() for p in t.partitions]
+        # Partitions open lazily: those that may hold a logged transaction's
+        # data or marker (its participants, as logged before its first
+        # append there) are opened now, with those the subscriptions
+        # opened; any other partition a crash left a transaction in learns
+        # its fate when it opens (_partition_opened).
+        for entry in logged.values():
+            for topic, index in entry[3] or ():
+                t = self._topics.get(topic)
+                if t is not None and index < len(t.partitions):
+                    t.open_partition(index)
+        partitions = [p for t in self._topics.values() for p in t.opened()]
         subs = [s for t in self._topics.values() for s in t.subscriptions.values()]
         ended = self.recovered_transactions
         outcomes = {}
@@ -277,6 +299,26 @@ class Broker:
             tc.finish_recovery()
         if self.fsync != "never":
             sync_dir(cdir)
+
+    def _partition_opened(self, p) -> None:
+        """A partition opened after recovery (on first use): a transaction
+        its files hold open is unknown to every coordinator (recovery ended
+        those they log, in their participants), so it is aborted, as
+        recovery aborts one; its transaction and producer ids are never
+        handed out again."""
+        if self._recovering:
+            return
+        for hi, lo, _, _ in p.aborted.entries():
+            self._saw(TxnID.from_words(hi, lo))
+        held = [TxnID.from_words(hi, lo) for hi, lo, _, _ in p.ongoing.entries()]
+        for txn_id in held:
+            self._saw(txn_id)
+            p.end_txn(txn_id, False)
+            self.recovered_transactions["aborted"] += 1
+        if held:
+            p.flush()
+        if self._producer_ids is not None:
+            self._producer_ids.reserve_above(p.producers.max_producer_id())
 
     def _saw(self, txn_id: TxnID) -> None:
         if txn_id.coordinator < len(self._coordinators):
@@ -315,12 +357,11 @@ class Broker:
             os.makedirs(tdir)
             config = {"partitions": partitions, "retention_ms": retention_ms,
                       "retention_bytes": retention_bytes}
-            topic = Topic(tdir, name, config, self._partition_options)
+            # The partitions' folders come with their first use (txmq.storage.topic).
+            topic = Topic(tdir, name, config, self._partition_options, self._partition_opened)
             crashpoints.reached("topic.created_partitions")
             Topic.write_config(tdir, config)
             if self.fsync != "never":
-                for p in topic.partitions:
-                    sync_dir(p.path)
                 sync_dir(tdir)
                 sync_dir(os.path.dirname(tdir))
             self._topics[name] = topic
@@ -666,7 +707,7 @@ class Broker:
 
     def _snapshot_txn_buffers(self) -> None:
         for t in list(self._topics.values()):
-            for p in t.partitions:
+            for p in t.opened():
                 if self._closed:
                     return
                 try:
@@ -695,6 +736,9 @@ class Broker:
             if r_ms is None and r_bytes is None:
                 continue
             for p in topic.partitions:
+                pub = p.published()
+                if pub is not None and pub[1] == pub[4]:
+                    continue             # one segment: nothing retention may delete (and a stub stays shut)
                 subs = list(topic.subscriptions.values())
                 keep_from = min((s.mark_delete(p.index) for s in subs), default=p.end_offset)
                 deleted += p.delete_segments(keep_from, r_ms, r_bytes)
@@ -704,7 +748,7 @@ class Broker:
         """Write every partition's indexes and recovery point now."""
         self._check_open()
         for t in list(self._topics.values()):
-            for p in t.partitions:
+            for p in t.opened():
                 p.flush()
 
     # -- the Kafka-facing view of a partition ----------------------------------------

@@ -60,14 +60,15 @@ class DirectoryView:
         key = (topic, partition)
         if key not in self._views:
             with self._busy():
-                self._views[key] = self.ro.view(topic, partition)
+                self._views[key] = self.ro.view(topic, partition, lazy=True)
         return self._views[key]
 
     def describe_topic(self, name: str) -> dict:
         """``Broker.describe_topic``'s dict: name, partitions, retention,
         start and end offsets, subscriptions."""
         config = self.ro.topic_config(name)
-        views = [self.partition(name, p) for p in range(config["partitions"])]
+        with self._busy():
+            views = [self.partition(name, p) for p in range(config["partitions"])]
         return {"name": name, "partitions": config["partitions"],
                 "retention_ms": config.get("retention_ms"), "retention_bytes": config.get("retention_bytes"),
                 "end_offsets": [v.log_end for v in views], "start_offsets": [v.log_start for v in views],
@@ -81,12 +82,14 @@ class DirectoryView:
         where the view came from (``source``: readview, readview+scan when
         the owner died and the tail was scanned, scan)."""
         out = []
-        for p in range(self.ro.topic_config(topic)["partitions"]):
-            v = self.partition(topic, p)
+        with self._busy():
+            views = [self.partition(topic, p) for p in range(self.ro.topic_config(topic)["partitions"])]
+        for p, v in enumerate(views):
             name = f"{topic}/{p}"
+            size, segments = v.disk_usage()
             out.append({"start_offset": v.log_start, "end_offset": v.log_end,
                         "max_read_position": v.max_read_position,
-                        "bytes": sum(s.size for s in v.segments), "segments": len(v.segments),
+                        "bytes": size, "segments": segments,
                         "open_transactions": sum(name in t["partitions"] for t in self.transactions()),
                         "blocked_by": _blocked_by(v), "source": v.source, "quarantined": v.quarantined(),
                         "lost_offsets": sum(q["end_offset"] - q["first_offset"] for q in v.quarantined())})

@@ -13,6 +13,7 @@ from txmq._partitioner import partition_for, partitions_for_arrow, partitions_fo
 from txmq.errors import (BrokerClosedError, InvalidArgumentError, InvalidMessageError, PartitionNotFoundError,
                          ProducerFencedError, TopicNotFoundError)
 from txmq.message import MessageId, MessageIds
+from txmq.storage.topic import PartitionStub
 from txmq.client.transaction import meta_of
 
 
@@ -96,6 +97,8 @@ class Producer:
             raise InvalidArgumentError("txn", txn, f"a transaction of transactional producer "
                                                    f"{self._owner.transactional_id!r} (begin())")
         if meta.partitions.get((p.topic, p.index)) is not p:
+            if type(p) is PartitionStub:
+                self._topic.open_partition(p)    # a participant is an open partition (txmq.storage.topic)
             self._broker._coordinator_of(meta).register_partition(meta, p)
         return p.append(spec, 0, meta, self.producer_id, self.epoch, sequence, None, self._fence)
 

@@ -53,15 +53,12 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from txmq._batch import FLAG
-from txmq._crc32c import crc32c_of
-from txmq._mapping import Mapping
 from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
@@ -73,14 +70,15 @@ from txmq.storage.datadir import lock_files
 from txmq.errors import (CorruptLogError, DataDirLockedError, DataLossError, InvalidArgumentError,
                          PartitionNotFoundError, TopicNotFoundError)
 from txmq.message import MessageId
-from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
-                            READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
+from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING
 from txmq.storage.delivery import ISOLATIONS, backlog, never_delivered, read_limit
-from txmq.storage.layout import (QUARANTINE_FILE, READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, read_quarantine,
-                                 read_txn_snapshot, segment_bases, segment_file, txnindex_entries)
+from txmq.storage.layout import (QUARANTINE_FILE, READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, READVIEW_TRIES, ReadView,
+                                 read_quarantine, read_readview, read_readview_file, read_txn_snapshot, segment_bases,
+                                 segment_file, txnindex_entries)
 from txmq.storage.loader import READ_ONLY, LogLoader, Quarantined, open_read_only, published_segments
-from txmq.storage.log import offset_for_time
+from txmq.storage.log import offset_for_time, segment_budget
 from txmq.storage.topic import Topic
+from txmq.options import open_files_option
 from txmq.storage.txnbuffer import replay_txn_header
 from txmq.transactions.records import TxnID
 
@@ -90,63 +88,10 @@ __all__ = ["ReadOnlyDirectory", "ReadView", "open", "ISOLATIONS"]
 
 GATHER_BELOW = 64      # rows: read_arrow copies a smaller batch together with its neighbours
 builtin_open = open           # this module defines open(path): the reader's own verb
+_POLL_S = 0.005               # between looks at a readview that is being recovered
+HOLDER_TTL_S = 1.0            # how long a live owner seen stays taken as live (ReadOnlyDirectory.writer_live)
 TRANSACTIONAL = FLAG["transactional"]
 MARKER_ABORT = FLAG["marker_abort"]
-
-# A slot read as: closing generation, the eight fields, opening generation.
-_GEN = struct.Struct("<Q")
-_CRC_WORDS = struct.Struct("<QQQqqqqqQ")     # what a slot's CRC covers (the state word without it)
-_FIELDS = struct.Struct("<" + READVIEW_SLOT.format[2:-1])
-assert _FIELDS.size == READVIEW_SLOT.size - 16
-_TRIES = 64                   # rereads of a slot pair the writer keeps overwriting
-_POLL_S = 0.005               # between looks at a readview that is being recovered
-
-
-@dataclass(frozen=True)
-class ReadView:
-    """One whole slot of a partition's ``readview`` file."""
-
-    generation: int
-    epoch: int
-    state: int                  # RV_RECOVERING, RV_LIVE or RV_CLOSED
-    log_start: int
-    log_end: int
-    max_read_position: int
-    active_base: int
-    active_size: int
-    aborted_version: int
-
-
-def read_readview(buf) -> ReadView | None:
-    """The newest whole slot of readview bytes ``buf`` (a mapping or bytes),
-    or None when the head is not a version-2 readview or no slot is whole
-    and passes its CRC.
-
-    Each slot is read closing generation first, fields next, opening
-    generation last; the writer stores them in the opposite order, so equal
-    generations mean the fields between are the ones they frame."""
-    if len(buf) < READVIEW_BYTES:
-        return None
-    magic, version, slot_bytes, slots = READVIEW_HEAD.unpack_from(buf)
-    if (magic, version, slot_bytes, slots) != (READVIEW_MAGIC, READVIEW_VERSION, READVIEW_SLOT.size,
-                                                READVIEW_SLOTS):
-        return None
-    for _ in range(_TRIES):
-        best = None
-        for i in range(READVIEW_SLOTS):
-            off = READVIEW_HEAD.size + READVIEW_SLOT.size * i
-            closing = _GEN.unpack_from(buf, off + READVIEW_GEN_END)[0]
-            fields = _FIELDS.unpack_from(buf, off + 8)
-            opening = _GEN.unpack_from(buf, off)[0]
-            state, crc = fields[1] & 0xFFFFFFFF, fields[1] >> 32
-            if opening == closing and opening and state in (RV_RECOVERING, RV_LIVE, RV_CLOSED) \
-                    and crc == crc32c_of(_CRC_WORDS.pack(opening, fields[0], state, *fields[2:])):
-                if best is None or opening > best.generation:
-                    best = ReadView(opening, fields[0], state, *fields[2:])
-        if best is not None:
-            return best
-    return None
-
 
 def writer_pid(path) -> int | None:
     """The pid of the process that owns the data directory at ``path``
@@ -205,22 +150,87 @@ class _Seg:
     next_offset: int
 
 
-@dataclass
 class PartitionView:
     """One consistent view of a partition: its offsets, its mapped
-    segments, and the aborted transactions with data in them."""
+    segments, and the aborted transactions with data in them.
 
-    topic: str
-    partition: int
-    log_start: int
-    log_end: int
-    max_read_position: int
-    source: str                 # "readview", "readview+scan" or "scan"
-    segments: list
-    aborted: AbortSet
-    epoch: int = 0
-    bases: list = field(default_factory=list)
-    directory: str = ""         # the partition's folder
+    A view taken from a read view slot (``source`` "readview") has its
+    offsets from the slot at once, and maps its segments and reads its
+    aborted transactions when something first needs them (``segments``,
+    ``aborted``, any read), as a fresh view of the partition would then
+    find them, clipped to this view's range: so the offsets of thousands
+    of partitions cost a read of their ``readview`` files and nothing
+    more. Should the files then end short of the slot (damage after a
+    clean close), the view ends where they do."""
+
+    def __init__(self, topic: str, partition: int, log_start: int, log_end: int, max_read_position: int,
+                 source: str, segments, aborted, epoch: int = 0, bases=None, directory: str = "", *, load=None,
+                 published=None):
+        self.topic = topic
+        self.partition = partition
+        self.log_start = log_start
+        self.log_end = log_end
+        self.max_read_position = max_read_position
+        self.source = source                 # "readview", "readview+scan", "scan" or "empty"
+        self.epoch = epoch
+        self._segments = segments
+        self._bases = bases if bases is not None or segments is None else [s.base for s in segments]
+        self._aborted = aborted
+        self._load = load                    # fills segments, bases and aborted on first need
+        self._published = published          # the slot a lazy view was taken from
+        self.directory = directory           # the partition's folder
+
+    def _loaded(self) -> None:
+        if self._load is not None:
+            load, self._load = self._load, None
+            load(self)
+
+    @property
+    def segments(self) -> list:
+        self._loaded()
+        return self._segments
+
+    @property
+    def bases(self) -> list:
+        self._loaded()
+        return self._bases
+
+    @property
+    def aborted(self) -> AbortSet:
+        self._loaded()
+        return self._aborted
+
+    @aborted.setter
+    def aborted(self, value: AbortSet) -> None:
+        self._aborted = value
+
+    def disk_usage(self) -> tuple:
+        """(bytes, segments) of the log this view covers: from the mapped
+        segments, or (a view not loaded yet) from the slot and the sizes of
+        the sealed segment files, without mapping anything."""
+        rv = self._published
+        if self._load is None or rv is None:
+            return sum(s.size for s in self.segments), len(self.segments)
+        if rv.log_start == rv.active_base:
+            return rv.active_size, 1
+        sealed = [b for b in segment_bases(self.directory) if rv.log_start <= b < rv.active_base]
+        return (rv.active_size + sum(os.path.getsize(segment_file(self.directory, b)) for b in sealed),
+                len(sealed) + 1)
+
+    def adopt(self, fresh: "PartitionView") -> None:
+        """Take the segments and aborted transactions of ``fresh``, a view
+        of the same partition taken now, keeping this view's range (clipped
+        to where ``fresh`` ends, and to its log start: retention may have
+        deleted segments since)."""
+        self._segments, self._bases, self._aborted = fresh.segments, fresh.bases, fresh.aborted
+        self.log_start = max(self.log_start, fresh.log_start)
+        self.log_end = min(self.log_end, fresh.log_end)
+        self.max_read_position = min(self.max_read_position, fresh.max_read_position)
+        self.log_start = min(self.log_start, self.log_end)
+
+    def __repr__(self) -> str:
+        return (f"PartitionView({self.topic!r}, {self.partition}, {self.log_start}..{self.log_end}, "
+                f"max_read_position={self.max_read_position}, source={self.source!r})")
 
     def batches(self, start: int, limit: int, lost_cb=None):
         """``(segment, position, BatchInfo)`` of every batch (markers too)
@@ -258,9 +268,10 @@ class PartitionView:
         """The quarantined ranges of this partition as dicts (segment,
         position, end_position, first_offset, end_offset, reason, path):
         those its ``quarantine.json`` lists and those this view's reads and
-        scans found, within the view's log."""
+        scans found, within the view's log. A lazy view not loaded yet
+        reports the saved ones only (it maps nothing for this)."""
         found = {(q.segment, q.position): q for q in _saved_quarantine(self.directory)}
-        for s in self.segments:
+        for s in (self._segments if self._load is not None else self.segments) or ():
             for q in s.segment.quarantined():
                 found[(s.base, q[0])] = Quarantined(s.base, *q)
         return [q.as_dict() | {"path": segment_file(self.directory, q.segment)}
@@ -335,19 +346,45 @@ def _inode(path: str):
         return None
 
 
+class _Shared:
+    """What the partition readers of one :class:`ReadOnlyDirectory` share:
+    its path, wait, descriptor budget and the owner last seen. The readers
+    hold this, not the directory: no reference cycle, so a directory
+    nobody holds closes its files at once, without a garbage collection."""
+
+    def __init__(self, path: str, wait_s: float, budget):
+        self.path = path
+        self.wait_s = wait_s
+        self.budget = budget
+        self._holder_seen = (None, 0.0)      # (pid, monotonic time) of the last live owner seen
+
+    def holder(self) -> int | None:
+        """:func:`writer_pid` of this directory, read now."""
+        pid = writer_pid(self.path)
+        if pid is not None:
+            self._holder_seen = (pid, time.monotonic())
+        return pid
+
+    def writer_live(self) -> bool:
+        """Whether an owner holds the directory: a live one seen in the last
+        :data:`HOLDER_TTL_S` is taken as live still (a view it feeds maps
+        nothing until a read, which looks again), so viewing thousands of
+        partitions reads ``/proc/locks`` about once a second."""
+        pid, seen = self._holder_seen
+        if pid is not None and time.monotonic() - seen < HOLDER_TTL_S:
+            return True
+        return self.holder() is not None
+
+
 class _PartitionReader:
     """Builds :class:`PartitionView`s of one partition directory."""
 
-    def __init__(self, directory: "ReadOnlyDirectory", topic: str, index: int):
-        # The directory's path and wait, not the directory: no reference
-        # cycle, so a directory nobody holds closes its files at once.
-        self.root = directory.path
-        self.wait_s = directory.wait_s
+    def __init__(self, directory: _Shared, topic: str, index: int):
+        self.dir = directory
         self.topic = topic
         self.index = index
         self.path = os.path.join(directory.path, "topics", topic, str(index))
         self.inode = _inode(self.path)
-        self._rv_map = None
         self._segs: dict = {}          # (base, size, next offset) -> Segment
         self._aborted_key = None
         self._aborted = None
@@ -355,36 +392,40 @@ class _PartitionReader:
         self._txnindex_damaged = False  # a .txnindex entry failed its CRC at the last read of them
 
     def readview(self) -> ReadView | None:
-        if self._rv_map is None:
-            try:
-                fd = os.open(os.path.join(self.path, READVIEW_FILE), os.O_RDONLY)
-            except FileNotFoundError:
-                return None
-            try:
-                if os.fstat(fd).st_size < READVIEW_BYTES:
-                    return None
-                # A txmq Mapping: should the file shrink under it, a read
-                # gets zeros (no whole slot) instead of a SIGBUS.
-                self._rv_mapping = Mapping(fd, READVIEW_BYTES, False)
-                self._rv_map = memoryview(self._rv_mapping)
-            finally:
-                os.close(fd)
-        rv = read_readview(self._rv_map)
-        if self._rv_mapping.faulted:          # the file shrank: map it again next time
-            self._rv_map.release()
-            self._rv_mapping.close()
-            self._rv_map = None
-            return None
-        return rv
+        # Read, not mapped: a view of thousands of partitions keeps no
+        # descriptor or mapping per readview.
+        return read_readview_file(os.path.join(self.path, READVIEW_FILE))
+
+    def lazy_view(self) -> PartitionView:
+        """A view of the partition now: from its read view slot when the
+        slot is one to trust without reading the files (CLOSED: the writer
+        closed the partition, and nothing has opened it since; LIVE under a
+        live writer), its segments mapped when first needed
+        (:class:`PartitionView`); else :meth:`view`."""
+        if not os.path.isdir(self.path):
+            # Never opened by a writer (its folder comes with its first
+            # use): an empty partition.
+            return PartitionView(self.topic, self.index, 0, 0, 0, "empty", [], AbortSet())
+        rv = self.readview()
+        if rv is not None and (rv.state == RV_CLOSED or (rv.state == RV_LIVE and self.dir.writer_live())):
+            return PartitionView(self.topic, self.index, rv.log_start, rv.log_end, rv.max_read_position,
+                                 "readview", None, None, rv.epoch, directory=self.path, load=self._fill,
+                                 published=rv)
+        return self.view()
+
+    def _fill(self, view: PartitionView) -> None:
+        view.adopt(self.view())
 
     def view(self) -> PartitionView:
+        """A view with its segments mapped and its aborted transactions
+        read (module docstring: where it comes from)."""
         if not os.path.isdir(self.path):
-            raise PartitionNotFoundError(self.topic, self.index)
-        deadline = time.monotonic() + self.wait_s
+            return PartitionView(self.topic, self.index, 0, 0, 0, "empty", [], AbortSet())
+        deadline = time.monotonic() + self.dir.wait_s
         moved = 0
         while True:
             rv = self.readview()
-            holder = writer_pid(self.root)
+            holder = self.dir.holder()
             usable = rv is not None and rv.state != RV_RECOVERING
             if holder is None:
                 # No writer: the files are what the next opening will load.
@@ -394,8 +435,8 @@ class _PartitionReader:
                 continue           # a writer began opening the partition meanwhile
             if not usable:
                 if time.monotonic() > deadline:
-                    raise DataDirLockedError(self.root, f"pid {holder}, which has not published "
-                                             f"{self.topic}/{self.index} within {self.wait_s} s")
+                    raise DataDirLockedError(self.dir.path, f"pid {holder}, which has not published "
+                                             f"{self.topic}/{self.index} within {self.dir.wait_s} s")
                 time.sleep(_POLL_S)
                 continue
             try:
@@ -404,7 +445,7 @@ class _PartitionReader:
                 # Retention moved the log start under us: look again, but a
                 # layout that stays wrong is damage, not a race.
                 moved += 1
-                if moved > _TRIES:
+                if moved > READVIEW_TRIES:
                     raise CorruptLogError(self.path, 0, f"segments do not match the readview: {e!r}") from None
                 continue
             again = self.readview()
@@ -443,7 +484,7 @@ class _PartitionReader:
         key = (base, size, next_offset)
         seg = self._segs.get(key)
         if seg is None:
-            seg = open_read_only(self.path, base, size, next_offset)
+            seg = open_read_only(self.path, base, size, next_offset, self.dir.budget)
             self._segs = {k: v for k, v in self._segs.items() if k[0] != base}   # one size per base
             self._segs[key] = seg
         return _Seg(base, seg, seg.size, next_offset)
@@ -485,7 +526,8 @@ class _PartitionReader:
         the same (no writer has opened the partition since)."""
         if rv is not None and self._scanned is not None and self._scanned[0] == rv:
             return self._scanned[1]
-        loader = LogLoader(self.path, READ_ONLY, min_base=rv.log_start if rv is not None else None)
+        loader = LogLoader(self.path, READ_ONLY, min_base=rv.log_start if rv is not None else None,
+                           budget=self.dir.budget)
         segs = [_Seg(s.base_offset, s, s.size, s.next_offset) for s in loader.load()]
         start = segs[0].base if segs else (rv.log_end if rv is not None else 0)
         end = segs[-1].next_offset if segs else start
@@ -549,14 +591,29 @@ class ReadOnlyDirectory:
     move forward between calls as the writer publishes; one ``read`` /
     ``read_arrow`` iterates over the one view it took when called.
     ``wait_s`` bounds the wait for a writer that is opening a partition.
+    ``open_files_max``: how many segment files the views keep open at once
+    (``txmq.Broker``'s option of that name: None shares the process's
+    budget); a parked segment reopens when read.
     """
 
-    def __init__(self, path, *, wait_s: float = 10.0):
+    def __init__(self, path, *, wait_s: float = 10.0, open_files_max: int | None = None):
         self.path = os.path.abspath(os.fspath(path))
+        open_files_max = open_files_option(open_files_max)
         if not os.path.isdir(os.path.join(self.path, "topics")):
             raise FileNotFoundError(f"{self.path} is not a txmq data directory (no topics/)")
         self.wait_s = wait_s
+        self.budget = segment_budget(open_files_max)
+        self._shared = _Shared(self.path, wait_s, self.budget)
         self._readers: dict = {}
+        self._counts: dict = {}              # topic -> (topic.json's identity, partition count)
+
+    def holder(self) -> int | None:
+        """:func:`writer_pid` of this directory, read now."""
+        return self._shared.holder()
+
+    def writer_live(self) -> bool:
+        """Whether an owner holds the directory (:meth:`_Shared.writer_live`)."""
+        return self._shared.writer_live()
 
     # -- what is there -----------------------------------------------------------
 
@@ -572,21 +629,44 @@ class ReadOnlyDirectory:
             raise TopicNotFoundError(topic)
         return Topic.load_config(tdir)       # CorruptLogError (path, byte) when damaged
 
+    def _partition_count(self, topic: str) -> int:
+        """``topic_config(topic)["partitions"]``, read again only when
+        ``topic.json`` is another file (a view of each of thousands of
+        partitions checks its number against it)."""
+        try:
+            st = os.stat(os.path.join(self.path, "topics", topic, "topic.json"))
+        except FileNotFoundError:
+            raise TopicNotFoundError(topic) from None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._counts.get(topic)
+        if known is None or known[0] != key:
+            known = self._counts[topic] = (key, self.topic_config(topic)["partitions"])
+        return known[1]
+
     def partitions(self, topic: str) -> list:
         """The partition numbers of ``topic``: ``[0, .., N-1]``."""
         return list(range(self.topic_config(topic)["partitions"]))
 
-    def view(self, topic: str, partition: int) -> PartitionView:
+    def view(self, topic: str, partition: int, *, lazy: bool = False) -> PartitionView:
         """A fresh consistent view of one partition (offsets, segments,
-        aborted transactions); what every other call reads through."""
-        if partition not in self.partitions(topic):
+        aborted transactions); what every other call reads through.
+
+        ``lazy``: take the offsets from the partition's read view slot
+        where it can be trusted without the files (the owner closed the
+        partition, or a live owner published it) and map the segments only
+        when a read first needs them (:class:`PartitionView`): what a
+        summary of many partitions wants (``txmq topics list``, ``stats``).
+        A view of a clean close whose files were damaged since then shows
+        the slot's offsets until a read maps them (``txmq check`` finds the
+        damage); an eager view refuses or cuts at once, as opening would."""
+        if type(partition) is not int or not 0 <= partition < self._partition_count(topic):
             raise PartitionNotFoundError(topic, partition)
         reader = self._readers.get((topic, partition))
         if reader is None or reader.inode != _inode(reader.path):
             # (a topic deleted and created again under its name since: its
             # readview and segments are other files now)
-            reader = self._readers[(topic, partition)] = _PartitionReader(self, topic, partition)
-        return reader.view()
+            reader = self._readers[(topic, partition)] = _PartitionReader(self._shared, topic, partition)
+        return reader.lazy_view() if lazy else reader.view()
 
     def high_watermark(self, topic: str, partition: int) -> int:
         """The log end offset: the offset the next message will get."""
@@ -722,14 +802,17 @@ class ReadOnlyDirectory:
         self.close()
 
 
-def open(path, *, wait_s: float = 10.0) -> ReadOnlyDirectory:   # noqa: A001 - the module's verb
-    """Open the data directory at ``path`` read-only (no lock, no writes)."""
-    return ReadOnlyDirectory(path, wait_s=wait_s)
+def open(path, *, wait_s: float = 10.0, open_files_max: int | None = None) -> ReadOnlyDirectory:  # noqa: A001
+    """Open the data directory at ``path`` read-only (no lock, no writes).
+    ``open_files_max``: see :class:`ReadOnlyDirectory`."""
+    return ReadOnlyDirectory(path, wait_s=wait_s, open_files_max=open_files_max)
 
 
 def _saved_quarantine(directory: str) -> list:
     """The ranges of a partition's ``quarantine.json`` (none when it is
     missing or does not parse: reads find the damage again)."""
+    if not directory:
+        return []                   # a partition never opened: no folder
     try:
         return [Quarantined(*q) for q in read_quarantine(os.path.join(directory, QUARANTINE_FILE))]
     except (OSError, CorruptLogError):

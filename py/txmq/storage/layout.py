@@ -34,9 +34,12 @@ from __future__ import annotations
 import json
 import os
 import struct
+from dataclasses import dataclass
 
 from txmq._crc32c import crc32c_of
 from txmq._producers import ProducerStates
+from txmq._readview import (READVIEW_BYTES, READVIEW_GEN_END, READVIEW_HEAD, READVIEW_MAGIC, READVIEW_SLOT,
+                            READVIEW_SLOTS, READVIEW_VERSION, RV_CLOSED, RV_LIVE, RV_RECOVERING)
 from txmq._txn import AbortSet, OngoingQueue
 from txmq.errors import CorruptLogError
 
@@ -305,3 +308,78 @@ def txnindex_entries(raw: bytes):
             return out, i
         out.append(tuple(entry))
     return out, None
+
+
+# -- the read view (written by txmq._readview) ---------------------------------------------
+
+# A slot read as: closing generation, the eight fields, opening generation.
+_GEN = struct.Struct("<Q")
+_CRC_WORDS = struct.Struct("<QQQqqqqqQ")     # what a slot's CRC covers (the state word without it)
+_FIELDS = struct.Struct("<" + READVIEW_SLOT.format[2:-1])
+assert _FIELDS.size == READVIEW_SLOT.size - 16
+READVIEW_TRIES = 64                   # rereads of a slot pair the writer keeps overwriting
+
+
+@dataclass(frozen=True)
+class ReadView:
+    """One whole slot of a partition's ``readview`` file."""
+
+    generation: int
+    epoch: int
+    state: int                  # RV_RECOVERING, RV_LIVE or RV_CLOSED
+    log_start: int
+    log_end: int
+    max_read_position: int
+    active_base: int
+    active_size: int
+    aborted_version: int
+
+
+def read_readview(buf) -> ReadView | None:
+    """The newest whole slot of readview bytes ``buf`` (a mapping or bytes),
+    or None when the head is not a version-2 readview or no slot is whole
+    and passes its CRC.
+
+    Each slot is read closing generation first, fields next, opening
+    generation last; the writer stores them in the opposite order, so equal
+    generations mean the fields between are the ones they frame."""
+    if len(buf) < READVIEW_BYTES:
+        return None
+    magic, version, slot_bytes, slots = READVIEW_HEAD.unpack_from(buf)
+    if (magic, version, slot_bytes, slots) != (READVIEW_MAGIC, READVIEW_VERSION, READVIEW_SLOT.size,
+                                                READVIEW_SLOTS):
+        return None
+    for _ in range(READVIEW_TRIES):
+        best = None
+        for i in range(READVIEW_SLOTS):
+            off = READVIEW_HEAD.size + READVIEW_SLOT.size * i
+            closing = _GEN.unpack_from(buf, off + READVIEW_GEN_END)[0]
+            fields = _FIELDS.unpack_from(buf, off + 8)
+            opening = _GEN.unpack_from(buf, off)[0]
+            state, crc = fields[1] & 0xFFFFFFFF, fields[1] >> 32
+            if opening == closing and opening and state in (RV_RECOVERING, RV_LIVE, RV_CLOSED) \
+                    and crc == crc32c_of(_CRC_WORDS.pack(opening, fields[0], state, *fields[2:])):
+                if best is None or opening > best.generation:
+                    best = ReadView(opening, fields[0], state, *fields[2:])
+        if best is not None:
+            return best
+    return None
+
+
+def read_readview_file(path: str) -> ReadView | None:
+    """:func:`read_readview` of the ``readview`` file at ``path`` (read
+    with one pread, no descriptor kept); None when it is missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        for _ in range(READVIEW_TRIES):
+            raw = os.pread(fd, READVIEW_BYTES, 0)
+            rv = read_readview(raw)
+            if rv is not None or len(raw) < READVIEW_BYTES or raw[:4] != READVIEW_MAGIC:
+                return rv
+            # Both slots torn: the writer is publishing its first; read again.
+        return None
+    finally:
+        os.close(fd)

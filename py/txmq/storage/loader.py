@@ -117,8 +117,9 @@ class LogLoader:
 
     def __init__(self, directory: str, mode: str, *, segment_bytes_max: int = 0,
                  index_interval_bytes: int = 4096, fsync: str = "never", min_base: int | None = None,
-                 published=None, report=None):
+                 published=None, report=None, budget=None):
         self.directory = directory
+        self.budget = budget              # the SegmentBudget segments open through (None: the process's)
         self.mode = mode
         self.segment_bytes_max = segment_bytes_max
         self.index_interval_bytes = index_interval_bytes
@@ -215,7 +216,8 @@ class LogLoader:
             cut_from = -1 if plan is None or not self.holes_end else plan[0]
             writable = self.mode == WRITER and last
             if plan is None:
-                seg = Segment(segment_file(self.directory, base), base, 0, False, self.index_interval_bytes)
+                seg = Segment(segment_file(self.directory, base), base, 0, False, self.index_interval_bytes,
+                              self.budget)
                 segments.append(seg)
                 self._restore(seg)
                 if self._trust(seg, next_base):
@@ -224,7 +226,7 @@ class LogLoader:
                 plan = (0, base)
             else:
                 seg = Segment(segment_file(self.directory, base), base, self.segment_bytes_max if writable else 0,
-                              writable, self.index_interval_bytes)
+                              writable, self.index_interval_bytes, self.budget)
                 segments.append(seg)
                 self._restore(seg)
             pos, next_offset = plan
@@ -249,7 +251,8 @@ class LogLoader:
                     break
                 self._quarantine_tail(seg, seg.size, next_base, reason)
             if self.mode == WRITER:
-                self._rewrite(seg)
+                if not (pos and pos == seg.size and self._index_current(seg)):
+                    self._rewrite(seg)   # (a clean close left it whole: nothing scanned, nothing to write)
                 if not last and self.fsync != "never":
                     seg.sync_file()      # rescanned: durable before a recovery point trusts it
         return segments
@@ -257,7 +260,7 @@ class LogLoader:
     def _reopen(self, seg: Segment, writable: bool) -> Segment:
         seg.close(trim=False)
         out = Segment(seg.path, seg.base_offset, self.segment_bytes_max if writable else 0, writable,
-                      self.index_interval_bytes)
+                      self.index_interval_bytes, self.budget)
         self._restore(out)
         return out
 
@@ -349,6 +352,15 @@ class LogLoader:
             seg.recover(0, seg.base_offset, True, True)
         self._rewrite(seg)
 
+    def _index_current(self, seg: Segment) -> bool:
+        """Whether the index files of ``seg`` hold exactly its in-memory
+        entries (adopted whole from them: none torn, none past what was
+        kept)."""
+        offs, _, ts, _ = seg.index_entries()
+        sizes = [_size(segment_file(self.directory, seg.base_offset, suffix)) for suffix in (INDEX_SUFFIX,
+                                                                                            TIMEINDEX_SUFFIX)]
+        return sizes == [len(offs) * INDEX_ENTRY.itemsize, len(ts) * INDEX_ENTRY.itemsize]
+
     def _rewrite(self, seg: Segment) -> None:
         self.index_written[seg.base_offset] = rewrite_index(self.directory, seg)
 
@@ -387,7 +399,7 @@ class LogLoader:
         bases = self.bases
         for i, base in enumerate(bases):
             path = segment_file(self.directory, base)
-            seg = Segment(path, base, 0, False)
+            seg = Segment(path, base, 0, False, budget=self.budget)
             segments.append(seg)
             bad = seg.recover(0, base, True, False)
             if bad is not None and self.published is not None and self.published[0] == base \
@@ -505,7 +517,7 @@ def published_segments(bases, log_start: int, active_base: int, active_size: int
             for i, base in enumerate(bases)]
 
 
-def open_read_only(directory: str, base: int, size: int, next_offset: int) -> Segment:
+def open_read_only(directory: str, base: int, size: int, next_offset: int, budget=None) -> Segment:
     """Segment ``base`` mapped read-only and known good up to ``size`` bytes
     (-1: its whole file, a sealed segment, whose batches must then end at
     ``next_offset`` or CorruptLogError says where they do) below
@@ -513,7 +525,7 @@ def open_read_only(directory: str, base: int, size: int, next_offset: int) -> Se
     check (else reads walk from byte 0). For a view a writer published:
     nothing is scanned past ``size``."""
     sealed = size < 0
-    seg = Segment(segment_file(directory, base), base, 0, False)
+    seg = Segment(segment_file(directory, base), base, 0, False, budget=budget)
     file_size = seg.capacity
     if size < 0:
         size = file_size
@@ -539,6 +551,13 @@ _EMPTY = np.empty(0, INDEX_ENTRY)
 
 def _gap(seg: Segment, end_pos: int, end: int, next_base: int) -> CorruptLogError:
     return CorruptLogError(seg.path, end_pos, f"segment ends at offset {end}, next one starts at {next_base}")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return -1
 
 
 def _unlink(path: str) -> None:

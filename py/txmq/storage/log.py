@@ -25,13 +25,14 @@ import os
 import threading
 
 from txmq._batch import BatchSpec
-from txmq._segment import Segment, SegmentClosedError
+from txmq._segment import Segment, SegmentBudget, SegmentClosedError, default_budget
 from txmq._redolog import sync_dir
 from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError, StorageFullError
 from txmq.storage.index import append_index, index_problem, rewrite_index
 from txmq.files import write_atomic
 from txmq.storage.layout import (INDEX_SUFFIX, QUARANTINE_FILE, RECOVERY_POINT_FILE, SEGMENT_FILES, SEGMENT_SUFFIX,
-                                 TXNINDEX_SUFFIX, quarantine_bytes, recovery_point_bytes, segment_file)
+                                 TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, quarantine_bytes, recovery_point_bytes,
+                                 segment_file)
 from txmq.storage.loader import WRITER, Dropped, LogLoader, Quarantined
 
 log = logging.getLogger("txmq.partition")
@@ -47,7 +48,7 @@ class SegmentLog:
     :attr:`dropped`."""
 
     def __init__(self, path: str, name: str, *, fsync: str, segment_bytes_max: int, max_message_bytes: int,
-                 index_interval_bytes: int, clock):
+                 index_interval_bytes: int, clock, budget=None):
         self.path = path
         self.name = name
         self.fsync = fsync
@@ -55,6 +56,7 @@ class SegmentLog:
         self.max_message_bytes = max_message_bytes
         self.index_interval_bytes = index_interval_bytes
         self.clock = clock
+        self.budget = budget             # the SegmentBudget its segments open through (None: the process's)
         self.lock = threading.Lock()     # the partition lock (module docstring)
         self._sync_lock = threading.Lock()
         self._synced_offset = 0          # every offset below is durable ...
@@ -67,6 +69,15 @@ class SegmentLog:
         self._scrub_next = -1            # the segment scrub_indexes checked last
         self.last_publish_time = 0
         self._quarantine_saved: list = []   # the ranges quarantine.json holds
+        # Folders created with this log whose entries are not durable yet:
+        # synced before the first sync that claims anything in them.
+        self.dirs_to_sync: tuple = ()
+        self.changed = False             # appended to (or retention ran) since it was opened
+
+    def _sync_new_dirs(self) -> None:
+        dirs, self.dirs_to_sync = self.dirs_to_sync, ()
+        for d in dirs:
+            sync_dir(d)
 
     def _file(self, base: int, suffix: str) -> str:
         return segment_file(self.path, base, suffix)
@@ -109,7 +120,8 @@ class SegmentLog:
         a recovery point. An empty directory gets segment 0."""
         os.makedirs(self.path, exist_ok=True)
         loader = LogLoader(self.path, WRITER, segment_bytes_max=self.segment_bytes_max,
-                           index_interval_bytes=self.index_interval_bytes, fsync=self.fsync, report=self.report)
+                           index_interval_bytes=self.index_interval_bytes, fsync=self.fsync, report=self.report,
+                           budget=self.budget)
         segments = loader.load()
         self._index_written = loader.index_written
         self._quarantine_saved = None if loader.saved or loader.quarantined else []
@@ -120,9 +132,12 @@ class SegmentLog:
         self._segments = tuple(segments)
         self.last_publish_time = max((s.last_publish_time for s in segments), default=0)
         if self.fsync != "never":
-            # What recovery kept may have lived only in the page cache of
-            # the process that died: durable first, then claimed.
-            self.active.sync()
+            # What recovery kept past the recovery point may have lived only
+            # in the page cache of the process that died: durable first,
+            # then claimed. (Below it, the recovery point says it is.)
+            resume = loader.resume
+            start = resume[1] if resume is not None and resume[0] == self.active.base_offset else 0
+            self.active.sync(start)
         self._synced_offset = self.end_offset
         self._write_recovery_point()
         self._save_quarantine()
@@ -130,13 +145,15 @@ class SegmentLog:
             self.verify()
 
     def _new_segment(self, base: int) -> Segment:
-        """Create segment ``base``, writable, with its empty .txnindex (a
-        segment's files are created together: a missing .txnindex means a
-        lost one, and is rebuilt)."""
+        """Create segment ``base``, writable, with its empty indexes and
+        .txnindex (a segment's files are created together: a missing one
+        is a lost one, and is rebuilt)."""
         seg = Segment(self._file(base, SEGMENT_SUFFIX), base, self.segment_bytes_max, True,
-                      self.index_interval_bytes)
+                      self.index_interval_bytes, self.budget)
         seg.recover(0, base)
-        _touch(self._file(base, TXNINDEX_SUFFIX))
+        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
+            _touch(self._file(base, suffix))
+        self._index_written[base] = (0, 0)
         return seg
 
     def verify(self) -> None:
@@ -271,6 +288,7 @@ class SegmentLog:
             base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
             assert base >= 0, "a batch within segment_bytes_max fits an empty segment"
         self.last_publish_time = now
+        self.changed = True
         return base
 
     def _check_files(self) -> None:
@@ -292,6 +310,7 @@ class SegmentLog:
         old = self.active
         old.seal()
         if self.fsync != "never":
+            self._sync_new_dirs()
             old.sync_file()      # data and the trimmed size, before the roll is recorded
         self._rewrite_index(old)
         seg = self._new_segment(old.next_offset)
@@ -314,6 +333,7 @@ class SegmentLog:
         self._check_files()
         seg = self.active
         if self.fsync != "never":
+            self._sync_new_dirs()
             seg.sync(self._checkpoint_pos, seg.size)
         self._append_index(seg)
         self._write_recovery_point()
@@ -331,6 +351,8 @@ class SegmentLog:
             segs = self._segments
             if not segs:
                 raise self._closed_error()
+            if self.dirs_to_sync:
+                self._sync_new_dirs()
             active = segs[-1]
             end_offset, end_pos = active.next_offset, active.size
             try:
@@ -435,6 +457,7 @@ class SegmentLog:
         """Take the first segment out of the log (readers stop finding it);
         :meth:`_delete_segment` it once the new log start is published."""
         seg, self._segments = self._segments[0], self._segments[1:]
+        self.changed = True
         return seg
 
     def _delete_segment(self, seg: Segment) -> None:
@@ -450,6 +473,7 @@ class SegmentLog:
         self._check_files()
         seg = self.active
         if self.fsync != "never":
+            self._sync_new_dirs()
             seg.sync()
         seg.seal()
         self._rewrite_index(seg)
@@ -461,6 +485,13 @@ class SegmentLog:
         for s in self._segments:
             s.close()
         self._segments = ()
+
+
+def segment_budget(open_files_max: int | None) -> SegmentBudget:
+    """The budget of open segments for an ``open_files_max`` option
+    (``txmq.options.open_files_option``): the process's shared one for
+    None, else one of its own."""
+    return default_budget() if open_files_max is None else SegmentBudget(open_files_max)
 
 
 def _retrying(fn, arg):

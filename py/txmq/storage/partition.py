@@ -56,9 +56,10 @@ class Partition(SegmentLog):
     def __init__(self, path, topic: str, index: int, *, fsync: str = "commit",
                  segment_bytes_max: int = 256 * 1024 * 1024, max_message_bytes: int = 5 * 1024 * 1024,
                  index_interval_bytes: int = 4096, clock=now_ms,
-                 producer_expiration_ms: int = DEFAULT_PRODUCER_EXPIRATION_MS):
+                 producer_expiration_ms: int = DEFAULT_PRODUCER_EXPIRATION_MS, budget=None):
         super().__init__(os.fspath(path), f"{topic}/{index}", fsync=fsync, segment_bytes_max=segment_bytes_max,
-                         max_message_bytes=max_message_bytes, index_interval_bytes=index_interval_bytes, clock=clock)
+                         max_message_bytes=max_message_bytes, index_interval_bytes=index_interval_bytes, clock=clock,
+                         budget=budget)
         self.topic = topic
         self.index = index
         self._sync_always = fsync == "always"
@@ -99,6 +100,18 @@ class Partition(SegmentLog):
     def producers(self):
         """The producer table (``_producers.ProducerStates``)."""
         return self.producer_state.table
+
+    def published(self):
+        """(state, log start, log end, maxReadPosition, active segment
+        base, active size) as the readview has them now (the open
+        partition's side of ``txmq.storage.topic.PartitionStub.published``);
+        None once closed."""
+        segs = self._segments
+        if not segs:
+            return None
+        end = segs[-1].next_offset
+        return (RV_LIVE, segs[0].base_offset, end, self.txns.ongoing.max_read_position(end),
+                segs[-1].base_offset, segs[-1].size)
 
     def blocked_by(self):
         """(TxnID, first offset, since ms) of the open transaction holding
@@ -330,20 +343,21 @@ class Partition(SegmentLog):
         oldest = self.txns.ongoing.oldest()
         return self.producer_state.expire(self.clock, None if oldest is None else oldest[3])
 
-    def _write_snapshots(self) -> None:
+    def _write_snapshots(self, sync: bool = True) -> None:
         """Both snapshots as of the log end, and the .txnindex entries so
         far durable: a recovery point may now trust all three (partition
-        lock held)."""
-        self.txns.sync_txnindex()
-        self._write_snapshot(TXNBUF_FILE, self.txns.snapshot_bytes(self.end_offset))
+        lock held). ``sync=False``: written, not synced."""
+        if sync:
+            self.txns.sync_txnindex()
+        self._write_snapshot(TXNBUF_FILE, self.txns.snapshot_bytes(self.end_offset), sync)
         self._expire_producers()
-        self._write_snapshot(PRODUCERS_FILE, self.producer_state.snapshot_bytes(self.end_offset))
+        self._write_snapshot(PRODUCERS_FILE, self.producer_state.snapshot_bytes(self.end_offset), sync)
 
-    def _write_snapshot(self, name: str, raw: bytes) -> None:
+    def _write_snapshot(self, name: str, raw: bytes, sync: bool = True) -> None:
         # Any snapshot within the log is a correct starting point, so
         # writers need no order: each renames its own temporary file.
         try:
-            write_atomic(os.path.join(self.path, name), raw, fsync=self.fsync != "never",
+            write_atomic(os.path.join(self.path, name), raw, fsync=sync and self.fsync != "never",
                          tmp_suffix=f".{threading.get_ident()}.tmp")
         except StorageFullError as e:
             # Derived data: the older snapshot (or none) stays a correct
@@ -373,7 +387,8 @@ class Partition(SegmentLog):
         for name in os.listdir(self.path):
             if is_leftover(name):
                 _unlink(os.path.join(self.path, name))      # a write a crash cut short
-        had_snapshots = all(os.path.exists(os.path.join(self.path, n)) for n in (TXNBUF_FILE, PRODUCERS_FILE))
+        found = [os.path.exists(os.path.join(self.path, n)) for n in (TXNBUF_FILE, PRODUCERS_FILE)]
+        had_snapshots = all(found)
         txns, producers = self.txns, self.producer_state
         txns.replay_from = producers.replay_from = self.start_offset
         txn_snap = self._read_snapshot(read_txn_snapshot, TXNBUF_FILE)
@@ -392,6 +407,12 @@ class Partition(SegmentLog):
             producers.replay(info)
             seg, pos = self.next_batch(seg, pos)
         txns.aborted.trim_below(self.start_offset)
+        if not any(found) and not replayed and self.start_offset == self.end_offset:
+            # A new partition: its snapshots say no more than its empty log,
+            # so losing them costs nothing (and they are not synced).
+            with self.lock:
+                self._write_snapshots(sync=False)
+            return
         if replayed or not had_snapshots or txn_snap is None or prod_snap is None:
             # A snapshot that was refused (or is behind) must not be found
             # again once the log grows past its offset: replace it now.
@@ -431,8 +452,19 @@ class Partition(SegmentLog):
             if not self._segments:
                 return
             try:
-                self._write_snapshots()
-                self._seal_active()
+                # Another process removing or truncating the active file
+                # is reported whether or not this one wrote.
+                self._check_files()
+                # A partition opened and left as it was (only read: a
+                # subscription's, say) is as its opening wrote it: snapshots,
+                # indexes and recovery point at its end, its active file ending
+                # at its last batch. Rewriting and syncing them would make
+                # closing a broker of thousands of partitions take minutes.
+                if self.changed or self.active.file_size != self.active.size:
+                    self._write_snapshots()
+                    self._seal_active()
+                else:
+                    self._save_quarantine()     # ranges a read found (written only when new)
                 self._publish(self.end_offset, RV_CLOSED)
             finally:
                 # Files another process damaged stop the seal with an
@@ -454,6 +486,7 @@ class Partition(SegmentLog):
             "quarantined": [q.as_dict() | {"path": self._file(q.segment, ".log")} for q in self.quarantined()],
             "lost_offsets": sum(q.end_offset - q.first_offset for q in self.quarantined()),
             "producer_ids": len(self.producer_state),
+            "open": True,
         } | self.txn_stats()
 
     def txn_stats(self) -> dict:
