@@ -441,3 +441,9 @@ TestJunkEverywhere.settings = settings(max_examples=50, stateful_step_count=40, 
 def test_junk_everywhere_long():
     run_state_machine_as_test(JunkEverywhere, settings=settings(
         max_examples=400, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+@pytest.mark.parametrize("name", [[], None, 5, ""])
+def test_a_subscription_name_that_is_not_one_is_refused_by_every_lookup(broker, name):
+    with pytest.raises(errors.InvalidSubscriptionNameError):
+        broker.consumer_lag("t", name)

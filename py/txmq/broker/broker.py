@@ -668,8 +668,10 @@ class Broker:
         return sorted(self._topic(topic).subscriptions)
 
     def _subscription(self, topic: str, name: str) -> Subscription:
+        t = self._topic(topic)
+        check_subscription_name(name)
         try:
-            return self._topic(topic).subscriptions[name]
+            return t.subscriptions[name]
         except KeyError:
             raise SubscriptionNotFoundError(topic, name) from None
 
