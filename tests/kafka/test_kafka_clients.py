@@ -171,7 +171,7 @@ def test_list_offsets_with_isolation_and_times(kafka):
     prod = kafka.broker.producer("lo")
     prod.send_batch([b"a", b"b"], event_times=[10, 20])
     txn = kafka.broker.new_transaction()
-    prod.send(b"open", txn=txn)
+    prod.send(b"open", txn=txn).offset              # appended now, not only accumulated
     c = confluent_kafka.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "x",
                                   "isolation.level": "read_committed"})
     tp = confluent_kafka.TopicPartition("lo", 0)
