@@ -360,3 +360,17 @@ def test_no_codec_writes_past_the_limit(monkeypatch):
         with pytest.raises(KafkaProtocolError, match="past"):
             records.decompress(codec, bomb, 1 << 20)
     assert sizes and max(sizes) == (1 << 20) + 1
+
+
+def test_a_missing_tagged_field_gets_a_default_of_its_own():
+    """Two bodies decoded without a tagged array / struct field get their
+    own empty list / dict: filling one does not change the other (or the
+    schema's default)."""
+    compiled = ((), {0: ("items", int(_kafka.Kind.K_ARRAY), int(_kafka.Kind.K_INT32), False, True, 0, [], None),
+                     1: ("info", int(_kafka.Kind.K_STRUCT), 0, False, True, 1, {}, ((), {}))})
+    first = _kafka.read_struct(_kafka.Reader(b"\x00"), compiled)
+    first["items"].append(1)
+    first["info"]["x"] = 1
+    second = _kafka.read_struct(_kafka.Reader(b"\x00"), compiled)
+    assert second == {"items": [], "info": {}}
+    assert compiled[1][0][6] == [] and compiled[1][1][6] == {}
