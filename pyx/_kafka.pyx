@@ -225,8 +225,9 @@ cdef dict _read_struct(Reader r, tuple compiled):
             if r.pos != end:
                 raise KafkaProtocolError(r.what, r.pos, f"tagged field {tag} is not {size} bytes")
         for f in (<dict>tagged).values():
-            if f[0] not in out:
-                out[f[0]] = f[6]
+            if f[0] not in out:                # its default: a list or struct is the body's own
+                d = f[6]
+                out[f[0]] = d.copy() if type(d) is list or type(d) is dict else d
     return out
 
 

@@ -297,6 +297,8 @@ def test_do_put_with_a_schema_not_the_sinks_is_refused_and_writes_nothing(served
         stage(c, token, "job", "a9", "nope", pa.record_batch({"value": pa.array([b"v"])}))
     with pytest.raises(pa.ArrowInvalid, match="attempt"):
         stage(c, token, "job", "../escape", "out", pa.record_batch({"value": pa.array([b"v"])}))
+    with pytest.raises(pa.ArrowInvalid, match="InvalidTopicNameError"):      # no path is made of it
+        stage(c, token, "job", "a10", "../../../etc", pa.record_batch({"value": pa.array([b"v"])}))
     # a value that breaks the sink's rules mid-stream: the attempt is dropped
     with pytest.raises(pa.ArrowInvalid, match="null values"):
         stage(c, token, "job", "nulls", "out", pa.record_batch({"value": pa.array([b"v", None])}))

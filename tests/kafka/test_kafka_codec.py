@@ -218,11 +218,29 @@ def test_batch_checks_refuse_bad_crc_magic_and_counts():
         records.decode_produce(good[:-3], 1 << 20)
 
 
-def test_decompression_is_bounded():
-    import gzip
-    bomb = gzip.compress(b"\0" * (4 << 20))
+@pytest.mark.parametrize("codec", [records.GZIP, records.SNAPPY, records.LZ4, records.ZSTD])
+def test_decompression_is_bounded(codec):
+    """A batch that decompresses past the limit is refused in every codec
+    (a zip bomb), and one that fits, however far past its first guess of
+    the size, comes back whole."""
+    bomb = records.compress(codec, b"\0" * (4 << 20))
     with pytest.raises(KafkaProtocolError, match="past"):
-        records.decompress(records.GZIP, bomb, 1 << 20)
+        records.decompress(codec, bomb, 1 << 20)
+    fits = b"ab" * (300 << 10)                            # 600 KiB: over 8x its compressed size
+    assert records.decompress(codec, records.compress(codec, fits), 1 << 20) == fits
+    assert records.decompress(codec, records.compress(codec, fits), len(fits)) == fits
+    with pytest.raises(KafkaProtocolError, match="past"):
+        records.decompress(codec, records.compress(codec, fits), len(fits) - 1)
+
+
+def test_xerial_snappy_blocks_are_bounded_before_they_are_decompressed():
+    import cramjam
+    block = bytes(cramjam.snappy.compress_raw(b"\0" * (1 << 20)))
+    framed = records.XERIAL_MAGIC + bytes(records.XERIAL_HEADER_BYTES - len(records.XERIAL_MAGIC))
+    framed += b"".join(len(block).to_bytes(4, "big") + block for _ in range(3))
+    assert len(records.decompress(records.SNAPPY, framed, 3 << 20)) == 3 << 20
+    with pytest.raises(KafkaProtocolError, match="past"):
+        records.decompress(records.SNAPPY, framed, (2 << 20) + 5)
 
 
 # -- fuzz ------------------------------------------------------------------------------------
@@ -316,3 +334,43 @@ def test_unknown_key_and_version_answers():
     old_fetch = protocol.Request(1, 0, 7, None, None)       # Fetch v0: defined by Kafka, not served
     frame = protocol.unsupported_response(old_fetch)
     assert struct.unpack(">i", frame[4:8]) == (7,)
+
+
+def test_no_codec_writes_past_the_limit(monkeypatch):
+    """The buffers handed to the decompressor never exceed ``limit + 1``
+    bytes, and no whole-output call is made: the bomb is never written whole."""
+    import cramjam
+    sizes = []
+
+    class Spy:
+        def __init__(self, real):
+            self.real = real
+
+        def decompress_into(self, data, buf):
+            sizes.append(len(buf))
+            return self.real.decompress_into(data, buf)
+
+        def decompress(self, data):
+            raise AssertionError("a whole-output decompress")
+
+    bombs = {codec: records.compress(codec, b"\0" * (64 << 20)) for codec in (records.LZ4, records.ZSTD)}
+    spy = type("cj", (), {"lz4": Spy(cramjam.lz4), "zstd": Spy(cramjam.zstd), "snappy": cramjam.snappy})
+    monkeypatch.setattr(records, "_cramjam", lambda: spy)
+    for codec, bomb in bombs.items():
+        with pytest.raises(KafkaProtocolError, match="past"):
+            records.decompress(codec, bomb, 1 << 20)
+    assert sizes and max(sizes) == (1 << 20) + 1
+
+
+def test_a_missing_tagged_field_gets_a_default_of_its_own():
+    """Two bodies decoded without a tagged array / struct field get their
+    own empty list / dict: filling one does not change the other (or the
+    schema's default)."""
+    compiled = ((), {0: ("items", int(_kafka.Kind.K_ARRAY), int(_kafka.Kind.K_INT32), False, True, 0, [], None),
+                     1: ("info", int(_kafka.Kind.K_STRUCT), 0, False, True, 1, {}, ((), {}))})
+    first = _kafka.read_struct(_kafka.Reader(b"\x00"), compiled)
+    first["items"].append(1)
+    first["info"]["x"] = 1
+    second = _kafka.read_struct(_kafka.Reader(b"\x00"), compiled)
+    assert second == {"items": [], "info": {}}
+    assert compiled[1][0][6] == [] and compiled[1][1][6] == {}

@@ -38,17 +38,18 @@ def _cramjam():
 
 def decompress(codec: int, data: bytes, limit: int) -> bytes:
     """The records section of a batch compressed with ``codec``; at most
-    ``limit`` bytes (a larger one raises, as a zip bomb would)."""
+    ``limit`` bytes: a larger one raises (a zip bomb), and no codec writes
+    more than ``limit + 1`` bytes on its way there."""
     try:
         if codec == GZIP:
             with gzip.GzipFile(fileobj=_Bytes(data)) as f:
                 out = f.read(limit + 1)
         elif codec == SNAPPY:
-            out = _snappy(data)
+            out = _snappy(data, limit)
         elif codec == LZ4:
-            out = bytes(_cramjam().lz4.decompress(data))
+            out = _bounded(_cramjam().lz4, data, limit)
         elif codec == ZSTD:
-            out = _zstd(data, limit)
+            out = _bounded(_cramjam().zstd, data, limit)
         else:
             raise KafkaProtocolError("record batch", 0, f"compression codec {codec}")
     except KafkaProtocolError:
@@ -56,8 +57,32 @@ def decompress(codec: int, data: bytes, limit: int) -> bytes:
     except Exception as e:                   # each library raises its own kinds
         raise KafkaProtocolError("record batch", 0, f"{CODEC_NAMES.get(codec, codec)} data: {e}") from None
     if len(out) > limit:
-        raise KafkaProtocolError("record batch", 0, f"decompresses past {limit} bytes")
+        raise _past(limit)
     return out
+
+
+def _past(limit: int) -> KafkaProtocolError:
+    return KafkaProtocolError("record batch", 0, f"decompresses past {limit} bytes")
+
+
+def _bounded(codec, data: bytes, limit: int) -> bytes:
+    """``codec.decompress(data)`` into a buffer that starts at 8x the input
+    (64 KiB at least) and doubles while the output does not fit, never
+    past ``limit + 1`` bytes: a frame that needs more is refused without
+    ever being written whole."""
+    size = min(limit + 1, max(64 * 1024, 8 * len(data)))
+    while True:
+        buf = bytearray(size)
+        try:
+            n = codec.decompress_into(data, buf)
+        except Exception as e:
+            if "whole buffer" not in str(e):         # cramjam: the output did not fit
+                raise
+            if size > limit:
+                raise _past(limit) from None
+            size = min(limit + 1, size * 2)
+            continue
+        return bytes(memoryview(buf)[:n])
 
 
 class _Bytes:
@@ -73,28 +98,27 @@ class _Bytes:
         return out
 
 
-def _snappy(data: bytes) -> bytes:
+def _snappy(data: bytes, limit: int) -> bytes:
+    """Raw snappy, or Kafka's xerial framing of raw blocks; every block's
+    length (in its preamble) is checked before it is decompressed."""
     cj = _cramjam()
     if not data.startswith(XERIAL_MAGIC):
+        if cj.snappy.decompress_raw_len(data) > limit:
+            raise _past(limit)
         return bytes(cj.snappy.decompress_raw(data))
-    out, pos = [], XERIAL_HEADER_BYTES
+    out, pos, total = [], XERIAL_HEADER_BYTES, 0
     while pos < len(data):
         if pos + 4 > len(data):
             raise KafkaProtocolError("record batch", pos, "truncated xerial snappy block")
         n = int.from_bytes(data[pos:pos + 4], "big")
         pos += 4
-        out.append(bytes(cj.snappy.decompress_raw(data[pos:pos + n])))
+        block = data[pos:pos + n]
+        total += cj.snappy.decompress_raw_len(block)
+        if total > limit:
+            raise _past(limit)
+        out.append(bytes(cj.snappy.decompress_raw(block)))
         pos += n
     return b"".join(out)
-
-
-def _zstd(data: bytes, limit: int) -> bytes:
-    try:
-        import zstandard
-    except ImportError:
-        return bytes(_cramjam().zstd.decompress(data))
-    d = zstandard.ZstdDecompressor().decompressobj()
-    return d.decompress(data)[:limit + 1]
 
 
 def compress(codec: int, data: bytes) -> bytes:

@@ -18,7 +18,7 @@ from txmq._batch import FLAG
 from txmq._segment import Segment
 from txmq.batcharrow import batch_arrays
 from txmq.errors import CorruptLogError, InvalidArgumentError, StagingError, TopicNotFoundError
-from txmq.storage.topic import Topic
+from txmq.storage.topic import Topic, check_topic_name
 
 STAGING = "staging"
 COMPLETE = "COMPLETE"             # written last: the attempt's files are whole
@@ -51,7 +51,9 @@ def staging_dir(data_dir, job: str, attempt: str | None = None) -> str:
 
 def topic_partitions(data_dir, topic: str) -> int:
     """The partition count of ``topic``, read from its ``topic.json``
-    without opening the directory."""
+    without opening the directory (a name that is not a topic name is
+    refused before any path is made of it)."""
+    check_topic_name(topic)
     try:
         return int(Topic.load_config(os.path.join(os.fspath(data_dir), "topics", topic))["partitions"])
     except FileNotFoundError:
