@@ -45,13 +45,13 @@ import errno
 import os
 import resource
 import threading
-import weakref
 
 from txmq.errors import CorruptLogError, StorageFullError
 
 from _bytes cimport load_u32, store_u32, crc32c
 
 from _redo_layout cimport *
+from txmq._budget cimport Budget, Budgeted
 
 SNAPSHOT = 1
 # Bytes of a frame before its payload: a frame at byte p of the file has its
@@ -143,73 +143,13 @@ def default_open_logs():
     return max(16, soft // 4)
 
 
-class LogBudget:
-    """At most ``limit`` redo logs hold a descriptor at once (CLOCK, as
-    ``txmq._segment.SegmentBudget``: a use sets a log's bit, the hand clears
-    it once before closing the descriptor; a log in use is skipped)."""
+class LogBudget(Budget):
+    """At most ``limit`` redo logs hold a descriptor at once
+    (:class:`txmq._budget.Budget`: the least recently used idle log closes
+    its descriptor and reopens it on its next use)."""
 
     def __init__(self, limit):
-        if limit < 1:
-            raise ValueError(f"a budget of {limit} open logs")
-        self.limit = limit
-        self.open_count = 0
-        self.parked = 0
-        self._ring = []            # weak references; None: a free slot
-        self._free = []
-        self._hand = 0
-        self._lock = threading.Lock()
-
-    def admit(self, log):
-        with self._lock:
-            if self._free:
-                slot = self._free.pop()
-                self._ring[slot] = weakref.ref(log)
-            else:
-                slot = len(self._ring)
-                self._ring.append(weakref.ref(log))
-            log._slot = slot
-            self.open_count += 1
-            self._shrink()
-
-    def leave(self, log):
-        with self._lock:
-            if log._slot >= 0:
-                self._release(log._slot)
-                log._slot = -1
-
-    def _release(self, slot):
-        self._ring[slot] = None
-        self._free.append(slot)
-        self.open_count -= 1
-
-    def _shrink(self):
-        # Lock held. Nothing between the check of a log's users and its
-        # parking runs Python code (this module is compiled), so no other
-        # thread starts using it in between.
-        n = len(self._ring)
-        steps = 0
-        while self.open_count > self.limit and steps <= 2 * n + 1:
-            steps += 1
-            self._hand = (self._hand + 1) % n
-            ref = self._ring[self._hand]
-            if ref is None:
-                continue
-            log = ref()
-            if log is None:
-                self._release(self._hand)
-                continue
-            if log._users > 0:
-                continue
-            if log._recent:
-                log._recent = False
-                continue
-            self._release(self._hand)
-            log._slot = -1
-            log._park()
-            self.parked += 1
-
-    def stats(self):
-        return {"limit": self.limit, "open": self.open_count, "parked": self.parked}
+        super().__init__(limit, "logs")
 
 
 _default_budget = None
@@ -223,7 +163,7 @@ def default_log_budget():
     return _default_budget
 
 
-class RedoLog:
+class RedoLog(Budgeted):
     """An append-only framed log file.
 
     ``fsync`` is the broker's mode: with ``"never"`` :meth:`sync` does
@@ -240,9 +180,7 @@ class RedoLog:
         self.dropped = None
         self.budget = budget if budget is not None else default_log_budget()
         self._fd = -1
-        self._slot = -1                # in the budget's ring; -1: parked or closed
-        self._recent = True
-        self._users = 1                # (held through the opening)
+        self.users = 1                 # (held through the opening; slot, recent: txmq._budget.Budgeted)
         self._shut = False
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -261,13 +199,13 @@ class RedoLog:
             if self.size == 0:
                 self._write_header()
         finally:
-            self._users -= 1
+            self.users -= 1
 
     def _use(self):
         """The descriptor, reopened if the budget closed it; held until
         :meth:`_unuse`."""
-        self._users += 1
-        self._recent = True
+        self.users += 1
+        self.recent = True
         if self._fd < 0:
             try:
                 if self._shut:
@@ -275,14 +213,14 @@ class RedoLog:
                 self._fd = os.open(self.path, os.O_RDWR)
                 self.budget.admit(self)
             except BaseException:
-                self._users -= 1
+                self.users -= 1
                 raise
         return self._fd
 
     def _unuse(self):
-        self._users -= 1
+        self.users -= 1
 
-    def _park(self):
+    def park(self):
         """Close the descriptor (the budget's call, no use in progress)."""
         fd = self._fd
         self._fd = -1

@@ -75,9 +75,7 @@ from posix.unistd cimport close as c_close
 
 import os
 import resource
-import threading
 import time
-import weakref
 
 import numpy as np
 
@@ -86,6 +84,7 @@ from txmq.errors import CorruptLogError, StorageFullError
 from _bytes cimport load_u16, load_u32, load_i32, load_i64, load_u64
 from _batch_layout cimport *
 from txmq._mapping cimport Mapping
+from txmq._budget cimport Budget, Budgeted
 from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, batch_info,
                           decode_batch, arrow_views)
 
@@ -155,8 +154,6 @@ cdef Py_ssize_t _last_at_or_below(object column, Py_ssize_t n, int64_t x) except
     return lo - 1
 
 
-cdef class Segment
-
 
 def default_open_files():
     """The segments a process keeps open by default: half its descriptor
@@ -174,93 +171,17 @@ def default_open_files():
     return max(16, min(soft // 2, maps // 4))
 
 
-cdef class SegmentBudget:
+class SegmentBudget(Budget):
     """At most ``limit`` segments open at once (one descriptor and one
     mapping each), across every log that opens its segments through this
-    budget. Opening one more parks the least recently used idle one (CLOCK:
-    each use sets a segment's bit, the hand clears it once before parking);
-    a segment in use is skipped, so a budget whose every segment is in use
-    runs over until one is released. Thread-safe."""
-    cdef readonly Py_ssize_t limit
-    cdef list ring                       # weak references to open segments; None: a free slot
-    cdef list free_slots
-    cdef Py_ssize_t hand
-    cdef readonly Py_ssize_t open_count  # slots taken (a segment freed unclosed counts until swept)
-    cdef readonly Py_ssize_t opened      # segments opened or reopened through this budget, ever
-    cdef readonly Py_ssize_t parked      # ... and parked by it
-    cdef object lock
+    budget (:class:`txmq._budget.Budget`: the least recently used idle one
+    is parked, and reopens on its next use)."""
 
-    def __init__(self, Py_ssize_t limit):
-        if limit < 1:
-            raise ValueError(f"a budget of {limit} open segments")
-        self.limit = limit
-        self.ring = []
-        self.free_slots = []
-        self.lock = threading.Lock()
-
-    cdef int admit(self, Segment seg) except -1:
-        """Count ``seg`` (just opened, in use) and park others if over."""
-        cdef Py_ssize_t slot
-        with self.lock:
-            if self.free_slots:
-                slot = self.free_slots.pop()
-                self.ring[slot] = weakref.ref(seg)
-            else:
-                slot = len(self.ring)
-                self.ring.append(weakref.ref(seg))
-            seg.slot = slot
-            self.open_count += 1
-            self.opened += 1
-            self._shrink()
-        return 0
-
-    cdef int leave(self, Segment seg) except -1:
-        """``seg`` closed for good: its slot is free."""
-        with self.lock:
-            if seg.slot >= 0:
-                self._free(seg.slot)
-                seg.slot = -1
-        return 0
-
-    cdef void _free(self, Py_ssize_t slot):
-        self.ring[slot] = None
-        self.free_slots.append(slot)
-        self.open_count -= 1
-
-    cdef int _shrink(self) except -1:
-        # Lock held. Between the check of a segment's users and its parking
-        # nothing releases the GIL, so a thread that starts using it either
-        # saw it open (and is counted in users, so it is skipped) or sees
-        # it parked (and reopens it).
-        cdef Py_ssize_t steps = 0, n = len(self.ring)
-        cdef Segment seg
-        while self.open_count > self.limit and steps <= 2 * n + 1:
-            steps += 1
-            self.hand = (self.hand + 1) % n
-            ref = self.ring[self.hand]
-            if ref is None:
-                continue
-            obj = ref()
-            if obj is None:                 # freed without close(): its descriptor went with it
-                self._free(self.hand)
-                continue
-            seg = <Segment>obj
-            if seg.users > 0:
-                continue
-            if seg.recent:
-                seg.recent = False
-                continue
-            self._free(self.hand)
-            seg.slot = -1
-            seg._park()
-            self.parked += 1
-        return 0
-
-    def stats(self) -> dict:
-        return {"limit": self.limit, "open": self.open_count, "opened": self.opened, "parked": self.parked}
+    def __init__(self, limit):
+        super().__init__(limit, "segments")
 
 
-cdef SegmentBudget _default_budget = None
+_default_budget = None
 
 
 def default_budget():
@@ -271,7 +192,7 @@ def default_budget():
     return _default_budget
 
 
-cdef class Segment:
+cdef class Segment(Budgeted):
     """One segment file of a partition log, mapped, with its sparse indexes.
     Its descriptor and mapping come and go with its ``budget`` (default:
     :func:`default_budget`); every method reopens them as needed."""
@@ -284,13 +205,9 @@ cdef class Segment:
     cdef readonly int64_t last_publish_time
     cdef Mapping _map
     cdef int fd
-    cdef SegmentBudget budget
-    cdef Py_ssize_t slot                 # in the budget's ring; -1: parked or closed
-    cdef bint recent                     # used since the budget's hand last passed
-    cdef int users                       # uses in progress: never parked meanwhile
+    cdef Budget budget                   # (slot, recent, users: txmq._budget.Budgeted)
     cdef bint shut                       # closed for good
     cdef bint torn_before                # a page of a mapping parked since had faulted
-    cdef object __weakref__
     cdef Py_ssize_t allocated
     cdef bint unreserved                 # the file system refused posix_fallocate
     cdef bint fresh                      # created empty here: nothing to scan
@@ -311,10 +228,9 @@ cdef class Segment:
     cdef Py_ssize_t nq
 
     def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
-                 Py_ssize_t index_interval=4096, SegmentBudget budget=None):
+                 Py_ssize_t index_interval=4096, Budget budget=None):
         self.path = os.fspath(path)
         self.budget = budget if budget is not None else default_budget()
-        self.slot = -1
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.writable = writable
@@ -404,7 +320,7 @@ cdef class Segment:
     cdef inline void _unuse(self) noexcept:
         self.users -= 1
 
-    cdef void _park(self) noexcept:
+    cpdef park(self):
         """Close the descriptor and drop the mapping (the budget's call,
         with no use in progress). Views of the mapping keep it mapped."""
         cdef int fd = self.fd

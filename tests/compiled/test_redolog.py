@@ -225,3 +225,26 @@ def test_zeroed_short_header_is_not_reported(tmp_path):
 
 def test_module_constants():
     assert _redolog.FILE_HEADER[:4] == struct.pack("<I", 0x4C525854)
+
+
+def test_logs_share_a_budget_of_descriptors(tmp_path):
+    """Redo logs open through one budget (txmq._budget, as segments do):
+    past its limit the least recently used idle log closes its descriptor,
+    and its next append or replay reopens it, losing nothing."""
+    budget = _redolog.LogBudget(2)
+    logs = [RedoLog(tmp_path / f"l{i}.log", "never", budget=budget) for i in range(3)]
+    for i, log in enumerate(logs):
+        log.append(7, b"first-%d" % i)
+    assert budget.stats()["open"] <= 2 and budget.parked >= 1
+    parked = [log for log in logs if log.parked]
+    assert parked and all(not log.closed for log in logs)
+    for i, log in enumerate(logs):
+        log.append(7, b"second-%d" % i)                 # reopens a parked one
+    assert budget.stats()["open"] <= 2
+    for i, log in enumerate(logs):
+        assert [p for _, p in log.replay()] == [b"first-%d" % i, b"second-%d" % i]
+    for log in logs:
+        log.close()
+    assert budget.stats()["open"] == 0
+    with pytest.raises(ValueError, match="open logs"):
+        _redolog.LogBudget(0)
