@@ -152,6 +152,10 @@ class LogBudget(Budget):
         super().__init__(limit, "logs")
 
 
+# Frames a log takes after a full disk refused its compaction before it is
+# due again (RedoLog.try_compact).
+COMPACT_RETRY_FRAMES = 256
+
 _default_budget = None
 
 
@@ -192,6 +196,7 @@ class RedoLog(Budgeted):
         self.allocated = self.size       # the file's length: zeros from size to here
         self.budget.admit(self)
         self.frames_since_snapshot = 0
+        self._retry_at = 0             # frames: compact_due waits for this many after a refused compaction
         self.written = 0               # bytes appended by this object, ever
         self.synced_written = 0        # ... of which durable
         self._sync_lock = threading.Lock()
@@ -367,21 +372,50 @@ class RedoLog(Budgeted):
                 self._unuse()
 
     def compact(self, snapshot_payload):
-        """Replace the log with one SNAPSHOT frame, atomically."""
+        """Replace the log with one SNAPSHOT frame, atomically; on a full
+        disk StorageFullError, and the log is as it was."""
         with self._sync_lock:
             self._compact(snapshot_payload)
 
+    def compact_due(self, frames):
+        """Whether ``frames`` frames since the last snapshot call for a
+        compaction (:meth:`try_compact`), counting from the last one a
+        full disk refused, if any, so a full disk is not retried per frame."""
+        return self.frames_since_snapshot >= frames and self.frames_since_snapshot >= self._retry_at
+
+    def try_compact(self, snapshot_payload, retry_frames=COMPACT_RETRY_FRAMES):
+        """:meth:`compact` as housekeeping: False (the log unchanged, still
+        valid) when the disk is full, and :meth:`compact_due` stays false
+        for ``retry_frames`` more frames."""
+        try:
+            self.compact(snapshot_payload)
+        except StorageFullError:
+            self._retry_at = self.frames_since_snapshot + retry_frames
+            return False
+        self._retry_at = 0
+        return True
+
     def _compact(self, snapshot_payload):
         tmp = self.path + ".compact"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        buf = FILE_HEADER + frame(SNAPSHOT, snapshot_payload)
         try:
-            buf = FILE_HEADER + frame(SNAPSHOT, snapshot_payload)
-            os.write(fd, buf)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFullError(tmp, len(buf), e.errno) from None
+            raise
+        try:
+            n = 0
+            view = memoryview(buf)
+            while n < len(buf):
+                n += os.write(fd, view[n:])
             if self.fsync != "never":
                 os.fdatasync(fd)
-        except BaseException:
+        except BaseException as e:
             os.close(fd)
             os.unlink(tmp)
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFullError(tmp, len(buf), e.errno) from None
             raise
         os.replace(tmp, self.path)
         if self.fsync != "never":

@@ -248,3 +248,36 @@ def test_logs_share_a_budget_of_descriptors(tmp_path):
     assert budget.stats()["open"] == 0
     with pytest.raises(ValueError, match="open logs"):
         _redolog.LogBudget(0)
+
+
+def test_a_compaction_a_full_disk_refuses_leaves_the_log_as_it_was(tmp_path, monkeypatch):
+    """compact() raises StorageFullError (never a bare OSError) and leaves no
+    temporary file; try_compact() returns False, the log still replays what
+    it held, and it is not due again until COMPACT_RETRY_FRAMES frames later."""
+    import errno
+    from txmq.errors import StorageFullError
+
+    log = RedoLog(tmp_path / "l.log", "commit")
+    for i in range(10):
+        log.append(7, b"f%d" % i)
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(StorageFullError):
+        log.compact(b"snap")
+    assert not os.path.exists(str(tmp_path / "l.log") + ".compact")
+    assert log.compact_due(5)
+    assert log.try_compact(b"snap") is False
+    assert not log.compact_due(5)
+    monkeypatch.setattr(os, "write", real_write)
+    assert [p for _, p in log.replay()] == [b"f%d" % i for i in range(10)]
+    for i in range(_redolog.COMPACT_RETRY_FRAMES - 1):
+        log.append(7, b"g")
+    assert not log.compact_due(5)
+    log.append(7, b"g")
+    assert log.compact_due(5) and log.try_compact(b"snap") is True
+    assert [p for _, p in log.replay()] == [b"snap"]
+    log.close()

@@ -296,10 +296,11 @@ class PendingAcks:
                     lane.unsynced_commits.append(frame)
                 else:
                     lane.pending_log.append(PA_ABORT, frame)
-                if lane.pending_log.frames_since_snapshot >= COMPACT_FRAMES:
+                if lane.pending_log.compact_due(COMPACT_FRAMES):
                     self.sync_commits(lane)
-                    lane.pending_log.compact(lane.pending.to_bytes())
-                    lane.pending.mark_logged()
+                    # Housekeeping: a full disk defers it, the log stays valid.
+                    if lane.pending_log.try_compact(lane.pending.to_bytes()):
+                        lane.pending.mark_logged()
                 if lane_invariant.DEBUG:
                     lane_invariant.changed(lane)
             if not commit:

@@ -412,14 +412,18 @@ class TransactionCoordinator:
     # -- compaction ------------------------------------------------------------------
 
     def _maybe_compact(self) -> None:
-        if self.log.frames_since_snapshot >= COMPACT_FRAMES + LIVE_FRAMES * len(self.txns):
-            self._compact()
+        """Compact when due: housekeeping, so a full disk (StorageFullError)
+        leaves the log as it is, to be compacted later, and fails nothing
+        that called it (the decision it just logged stands)."""
+        if self.log.compact_due(COMPACT_FRAMES + LIVE_FRAMES * len(self.txns)):
+            self._compact(housekeeping=True)
 
-    def _compact(self) -> None:
+    def _compact(self, housekeeping: bool = False) -> None:
         """Rewrite the log as a snapshot of the live transactions (TC lock
         held). Markers written since the last compaction are made durable
         first: once the log forgets a decision, the partitions must not need
-        it again."""
+        it again. ``housekeeping``: a full disk defers it (above); otherwise
+        it raises StorageFullError."""
         touched, self._touched = self._touched, {}
         for x in touched.values():
             try:
@@ -438,7 +442,12 @@ class TransactionCoordinator:
             if meta.decided and meta.record is not None:
                 # Decided, not yet applied everywhere: the snapshot keeps what it covers.
                 records[meta.words] = meta.record
-        self.log.compact(encode_coordinator_snapshot(self.next_seq, live, self.tids, records))
+        snapshot = encode_coordinator_snapshot(self.next_seq, live, self.tids, records)
+        if not housekeeping:
+            self.log.compact(snapshot)
+        elif not self.log.try_compact(snapshot):
+            self._touched.update(touched)  # (still to be made durable by the next compaction)
+            log.warning("txmq: %s not compacted: the disk is full; compacted again later", self.log.path)
 
     def close(self) -> None:
         """Close the log (after :meth:`drain`). A transaction still open is

@@ -86,8 +86,9 @@ class ProducerRegistry:
                 self.log.sync()
 
     def _maybe_compact(self) -> None:
-        if self.log.frames_since_snapshot >= COMPACT_FRAMES + len(self.names):
-            self.log.compact(encode_registry_snapshot(self.reserved, self.names))
+        if self.log.compact_due(COMPACT_FRAMES + len(self.names)):
+            # Housekeeping: a full disk defers it, the log stays valid.
+            self.log.try_compact(encode_registry_snapshot(self.reserved, self.names))
 
     def close(self) -> None:
         self.log.close()
