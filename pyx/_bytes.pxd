@@ -97,3 +97,23 @@ cdef inline void put32(char *p, uint32_t v) noexcept nogil:
 
 cdef inline void put64(char *p, uint64_t v) noexcept nogil:
     put32(p, <uint32_t>(v >> 32)); put32(p + 4, <uint32_t>v)
+
+# New bytes objects of one little-endian field (the frames of the redo logs).
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+
+cdef inline bytes packed_u32(uint32_t v):
+    out = PyBytes_FromStringAndSize(NULL, 4)
+    store_u32(PyBytes_AS_STRING(out), v)
+    return out
+
+cdef inline bytes packed_i64(int64_t v):
+    out = PyBytes_FromStringAndSize(NULL, 8)
+    store_i64(PyBytes_AS_STRING(out), v)
+    return out
+
+cdef inline bytes packed_txn(uint64_t hi, uint64_t lo):
+    """A transaction id as every log stores it: u64 hi, u64 lo."""
+    out = PyBytes_FromStringAndSize(NULL, 16)
+    store_u64(PyBytes_AS_STRING(out), hi)
+    store_u64(PyBytes_AS_STRING(out) + 8, lo)
+    return out

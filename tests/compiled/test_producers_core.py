@@ -118,17 +118,17 @@ def test_from_bytes_rejects_bad_tables():
 def test_registry_frames_replay_and_snapshot():
     import struct
 
-    from txmq import _txn as T
+    from txmq import _txnlog as L
 
     i64 = struct.Struct("<q").pack
-    frames = [(T.PR_BLOCK, i64(1024)), (T.PR_NAME, T.encode_text("svc-a") + i64(3)),
-              (T.PR_NAME, T.encode_text("svc-b") + i64(5000)), (T.PR_BLOCK, i64(2048))]
-    reserved, names = T.replay_registry(frames)
+    frames = [(L.PR_BLOCK, i64(1024)), (L.PR_NAME, L.encode_text("svc-a") + i64(3)),
+              (L.PR_NAME, L.encode_text("svc-b") + i64(5000)), (L.PR_BLOCK, i64(2048))]
+    reserved, names = L.replay_registry(frames)
     assert (reserved, names) == (5001, {"svc-a": 3, "svc-b": 5000})
-    snap = T.encode_registry_snapshot(reserved, names)
-    assert T.replay_registry([(1, snap), (T.PR_NAME, T.encode_text("c") + i64(7))]) == \
+    snap = L.encode_registry_snapshot(reserved, names)
+    assert L.replay_registry([(1, snap), (L.PR_NAME, L.encode_text("c") + i64(7))]) == \
         (5001, {"svc-a": 3, "svc-b": 5000, "c": 7})
-    for bad in ([(T.PR_BLOCK, i64(1) + b"x")], [(T.PR_NAME, T.encode_text("n"))], [(9, b"")],
-                [(T.PR_NAME, b"\x05\x00ab" + i64(1))]):
+    for bad in ([(L.PR_BLOCK, i64(1) + b"x")], [(L.PR_NAME, L.encode_text("n"))], [(9, b"")],
+                [(L.PR_NAME, b"\x05\x00ab" + i64(1))]):
         with pytest.raises(ValueError):
-            T.replay_registry(bad)
+            L.replay_registry(bad)

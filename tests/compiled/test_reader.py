@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from txmq import _half
 from txmq import _txn as T
+from txmq import _txnlog as L
 from txmq._ackset import AckSet
 from txmq._producers import ProducerStates
 from txmq._reader import Reader
@@ -113,41 +114,41 @@ def _log_with(tmp_path, good: list, bad: tuple, name: str = "x.log"):
 
 
 TXN = struct.pack("<QQ", 1 << 48, 7)
-BEGIN = (T.TC_BEGIN, TXN + struct.pack("<qq", 60_000, 1))
+BEGIN = (L.TC_BEGIN, TXN + struct.pack("<qq", 60_000, 1))
 
 
 @pytest.mark.parametrize("good, bad, field", [
     # ADD_PARTITION whose topic text claims 9 bytes and has 3: at the text
-    ([BEGIN], (T.TC_ADD_PARTITION, TXN + b"\x09\x00abc"), 16),
+    ([BEGIN], (L.TC_ADD_PARTITION, TXN + b"\x09\x00abc"), 16),
     # a partition number cut short after a whole topic
-    ([BEGIN], (T.TC_ADD_PARTITION, TXN + T.encode_text("t") + b"\1\0"), 16 + 3),
+    ([BEGIN], (L.TC_ADD_PARTITION, TXN + L.encode_text("t") + b"\1\0"), 16 + 3),
     # COMMITTING a transaction never begun: at its id
-    ([BEGIN], (T.TC_COMMITTING, struct.pack("<QQ", 1 << 48, 8)), 0),
+    ([BEGIN], (L.TC_COMMITTING, struct.pack("<QQ", 1 << 48, 8)), 0),
     # BEGIN with a stray byte after its last field
-    ([], (T.TC_BEGIN, TXN + struct.pack("<qq", 1, 2) + b"x"), 32),
+    ([], (L.TC_BEGIN, TXN + struct.pack("<qq", 1, 2) + b"x"), 32),
     # an unknown frame type: at the type byte in front of the payload
     ([BEGIN], (77, b""), -1),
 ])
 def test_coordinator_frames(tmp_path, good, bad, field):
     path, frames, payload = _log_with(tmp_path, good, bad)
     with pytest.raises(CorruptLogError) as e:
-        T.replay_coordinator(frames, path)
+        L.replay_coordinator(frames, path)
     assert (e.value.path, e.value.position) == (path, payload + field)
     assert e.value.reason.startswith(f"coordinator frame of type {bad[0]}: ")
 
 
 def test_registry_and_pending_ack_frames(tmp_path):
     i64 = struct.Struct("<q").pack
-    path, frames, payload = _log_with(tmp_path, [(T.PR_BLOCK, i64(1024))],
-                                      (T.PR_NAME, T.encode_text("svc") + b"\1\2\3"))
+    path, frames, payload = _log_with(tmp_path, [(L.PR_BLOCK, i64(1024))],
+                                      (L.PR_NAME, L.encode_text("svc") + b"\1\2\3"))
     with pytest.raises(CorruptLogError) as e:
-        T.replay_registry(frames, path)
+        L.replay_registry(frames, path)
     assert e.value.position == payload + 5 and "producer registry frame of type 3" in e.value.reason
     # a pending ack of 1000 offsets that holds 2
-    path, frames, payload = _log_with(tmp_path, [(T.PA_CUMULATIVE, TXN + i64(3))],
-                                      (T.PA_ACK, TXN + struct.pack("<I", 1000) + i64(1) + i64(2)), "p.log")
+    path, frames, payload = _log_with(tmp_path, [(L.PA_CUMULATIVE, TXN + i64(3))],
+                                      (L.PA_ACK, TXN + struct.pack("<I", 1000) + i64(1) + i64(2)), "p.log")
     with pytest.raises(CorruptLogError) as e:
-        T.replay_pending(frames, path)
+        L.replay_pending(frames, path)
     assert e.value.position == payload + 20 and "pending-ack frame of type 2" in e.value.reason
 
 
@@ -329,12 +330,12 @@ def test_every_header_field_cut_short_is_reported_at_its_first_byte(tmp_path, cu
 # -- no payload makes a decoder crash, hang or report outside its frame ---------------------
 
 DECODERS = {
-    "coordinator": (lambda frames, path: T.replay_coordinator(frames, path),
-                    [1, T.TC_BEGIN, T.TC_ADD_PARTITION, T.TC_ADD_SUBSCRIPTION, T.TC_COMMITTING,
-                     T.TC_ABORTING, T.TC_COMMITTED, T.TC_ABORTED, T.TC_PRODUCER, 42]),
-    "registry": (lambda frames, path: T.replay_registry(frames, path), [1, T.PR_BLOCK, T.PR_NAME, 42]),
-    "pending": (lambda frames, path: T.replay_pending(frames, path),
-                [1, T.PA_ACK, T.PA_CUMULATIVE, T.PA_COMMIT, T.PA_ABORT, 42]),
+    "coordinator": (lambda frames, path: L.replay_coordinator(frames, path),
+                    [1, L.TC_BEGIN, L.TC_ADD_PARTITION, L.TC_ADD_SUBSCRIPTION, L.TC_COMMITTING,
+                     L.TC_ABORTING, L.TC_COMMITTED, L.TC_ABORTED, L.TC_PRODUCER, 42]),
+    "registry": (lambda frames, path: L.replay_registry(frames, path), [1, L.PR_BLOCK, L.PR_NAME, 42]),
+    "pending": (lambda frames, path: L.replay_pending(frames, path),
+                [1, L.PA_ACK, L.PA_CUMULATIVE, L.PA_COMMIT, L.PA_ABORT, 42]),
     "half": (lambda frames, path: _half.replay(frames, path=path),
              [1, _half.F_RECORD, _half.F_UPDATE, _half.F_GROUP, 42]),
     "cursor": (lambda frames, path: replay_cursor(frames, 0, path), [1, 2, 3, 4, 5, 42]),
@@ -366,20 +367,20 @@ def _valid_frames():
     """Frames each decoder accepts, of every type it knows."""
     i64 = struct.Struct("<q").pack
     txn2 = struct.pack("<QQ", 1 << 48, 8)
-    snap = T.encode_coordinator_snapshot(9, {(1 << 48, 7): [T.OPEN, 5, 6, {("t", 1)}, {("t", "s")}]},
+    snap = L.encode_coordinator_snapshot(9, {(1 << 48, 7): [L.OPEN, 5, 6, {("t", 1)}, {("t", "s")}]},
                                          {"tid": (4, 2)})
     rec = _half.record_frame(0, 0, 100, 1_700_000_000, 0, _half.COMMITTING, 0, 1, 2, 3)
     return {
-        "coordinator": [(1, snap), BEGIN, (T.TC_ADD_PARTITION, TXN + T.encode_text("topic") + i64(3)[:4]),
-                        (T.TC_ADD_SUBSCRIPTION, TXN + T.encode_text("t") + T.encode_text("sub")),
-                        (T.TC_PRODUCER, T.encode_producer("tid", 5, 1)), (T.TC_BEGIN, txn2 + i64(1) + i64(2)),
-                        (T.TC_COMMITTING, TXN), (T.TC_COMMITTED, TXN), (T.TC_ABORTING, txn2),
-                        (T.TC_ABORTED, txn2)],
-        "registry": [(1, T.encode_registry_snapshot(10, {"a": 3})), (T.PR_BLOCK, i64(2048)),
-                     (T.PR_NAME, T.encode_text("svc") + i64(11))],
+        "coordinator": [(1, snap), BEGIN, (L.TC_ADD_PARTITION, TXN + L.encode_text("topic") + i64(3)[:4]),
+                        (L.TC_ADD_SUBSCRIPTION, TXN + L.encode_text("t") + L.encode_text("sub")),
+                        (L.TC_PRODUCER, L.encode_producer("tid", 5, 1)), (L.TC_BEGIN, txn2 + i64(1) + i64(2)),
+                        (L.TC_COMMITTING, TXN), (L.TC_COMMITTED, TXN), (L.TC_ABORTING, txn2),
+                        (L.TC_ABORTED, txn2)],
+        "registry": [(1, L.encode_registry_snapshot(10, {"a": 3})), (L.PR_BLOCK, i64(2048)),
+                     (L.PR_NAME, L.encode_text("svc") + i64(11))],
         "pending": [(1, struct.pack("<I", 1) + TXN + i64(4) + struct.pack("<I", 2) + i64(7) + i64(9)),
-                    (T.PA_ACK, txn2 + struct.pack("<I", 2) + i64(20) + i64(21)),
-                    (T.PA_CUMULATIVE, txn2 + i64(25)), (T.PA_COMMIT, TXN), (T.PA_ABORT, txn2)],
+                    (L.PA_ACK, txn2 + struct.pack("<I", 2) + i64(20) + i64(21)),
+                    (L.PA_CUMULATIVE, txn2 + i64(25)), (L.PA_COMMIT, TXN), (L.PA_ABORT, txn2)],
         "half": [(1, _half.snapshot(0, 1, rec[8:36], {0: (1, 2)}, {0: 3}, {5: ("t", "g")})),
                  (_half.F_RECORD, _half.record_frame(1, 1, 10, 1, 0, _half.PREPARED, 0)),
                  (_half.F_UPDATE, _half.update_frame([(1, _half.COMMITTED, 1)])),

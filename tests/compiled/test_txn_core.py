@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txmq import _txn as T
+from txmq import _txnlog as L
 from txmq._redolog import parse, frame
 
 
@@ -166,60 +167,60 @@ def test_pending_cumulative_conflicts():
 
 
 def _txn(tc, seq):
-    return T.pack_txn(*T.txn_words(tc, seq))
+    return L.pack_txn(*T.txn_words(tc, seq))
 
 
 def test_replay_coordinator_and_snapshot_roundtrip():
     frames = [
-        (T.TC_BEGIN, _txn(1, 1) + struct.pack("<qq", 5000, 123)),
-        (T.TC_ADD_PARTITION, _txn(1, 1) + T.encode_text("orders") + struct.pack("<I", 3)),
-        (T.TC_ADD_SUBSCRIPTION, _txn(1, 1) + T.encode_text("orders") + T.encode_text("billing")),
-        (T.TC_BEGIN, _txn(1, 2) + struct.pack("<qq", 60000, 124)),
-        (T.TC_COMMITTING, _txn(1, 1)),
-        (T.TC_BEGIN, _txn(1, 3) + struct.pack("<qq", 60000, 125)),
-        (T.TC_ABORTING, _txn(1, 3)),
-        (T.TC_ABORTED, _txn(1, 3)),
-        (T.TC_PRODUCER, T.encode_producer("etl-1", 7, 0)),
-        (T.TC_PRODUCER, T.encode_producer("etl-1", 7, 1)),
-        (T.TC_PRODUCER, T.encode_producer("etl-2", 9, 32767)),
+        (L.TC_BEGIN, _txn(1, 1) + struct.pack("<qq", 5000, 123)),
+        (L.TC_ADD_PARTITION, _txn(1, 1) + L.encode_text("orders") + struct.pack("<I", 3)),
+        (L.TC_ADD_SUBSCRIPTION, _txn(1, 1) + L.encode_text("orders") + L.encode_text("billing")),
+        (L.TC_BEGIN, _txn(1, 2) + struct.pack("<qq", 60000, 124)),
+        (L.TC_COMMITTING, _txn(1, 1)),
+        (L.TC_BEGIN, _txn(1, 3) + struct.pack("<qq", 60000, 125)),
+        (L.TC_ABORTING, _txn(1, 3)),
+        (L.TC_ABORTED, _txn(1, 3)),
+        (L.TC_PRODUCER, L.encode_producer("etl-1", 7, 0)),
+        (L.TC_PRODUCER, L.encode_producer("etl-1", 7, 1)),
+        (L.TC_PRODUCER, L.encode_producer("etl-2", 9, 32767)),
     ]
-    next_lo, txns, tids = T.replay_coordinator(frames)
+    next_lo, txns, tids = L.replay_coordinator(frames)
     w1, w2, w3 = (T.txn_words(1, s) for s in (1, 2, 3))
     assert next_lo == 4
-    assert txns[w1] == [T.COMMITTING, 5000, 123, {("orders", 3)}, {("orders", "billing")}]
-    assert txns[w2] == [T.OPEN, 60000, 124, None, None] and txns[w3][0] == T.ABORTED
+    assert txns[w1] == [L.COMMITTING, 5000, 123, {("orders", 3)}, {("orders", "billing")}]
+    assert txns[w2] == [L.OPEN, 60000, 124, None, None] and txns[w3][0] == L.ABORTED
     assert tids == {"etl-1": (7, 1), "etl-2": (9, 32767)}
     # Through the real frame encoder, and a snapshot of the result.
     raw = b"".join(frame(k, p) for k, p in frames)
     parsed, end, reason = parse(raw, 0)
-    assert reason is None and T.replay_coordinator([(k, p) for k, p, _ in parsed]) == (next_lo, txns, tids)
-    snap = T.encode_coordinator_snapshot(next_lo, {w1: txns[w1], w2: txns[w2]}, tids)
-    again = T.replay_coordinator([(1, snap)])
+    assert reason is None and L.replay_coordinator([(k, p) for k, p, _ in parsed]) == (next_lo, txns, tids)
+    snap = L.encode_coordinator_snapshot(next_lo, {w1: txns[w1], w2: txns[w2]}, tids)
+    again = L.replay_coordinator([(1, snap)])
     assert again == (4, {w1: txns[w1], w2: txns[w2]}, tids)
-    again = T.replay_coordinator([(1, snap), (T.TC_COMMITTED, _txn(1, 1))])
-    assert again[1][w1] == [T.COMMITTED, 5000, 123, None, None]
+    again = L.replay_coordinator([(1, snap), (L.TC_COMMITTED, _txn(1, 1))])
+    assert again[1][w1] == [L.COMMITTED, 5000, 123, None, None]
 
 
 def test_replay_coordinator_rejects_bad_frames():
     with pytest.raises(ValueError, match="before its BEGIN"):
-        T.replay_coordinator([(T.TC_COMMITTING, _txn(0, 9))])
+        L.replay_coordinator([(L.TC_COMMITTING, _txn(0, 9))])
     with pytest.raises(ValueError, match="stray"):
-        T.replay_coordinator([(T.TC_BEGIN, _txn(0, 1) + struct.pack("<qq", 1, 2) + b"x")])
+        L.replay_coordinator([(L.TC_BEGIN, _txn(0, 1) + struct.pack("<qq", 1, 2) + b"x")])
     with pytest.raises(ValueError, match="ends at byte"):
-        T.replay_coordinator([(T.TC_BEGIN, _txn(0, 1)[:10])])
+        L.replay_coordinator([(L.TC_BEGIN, _txn(0, 1)[:10])])
     with pytest.raises(ValueError, match="unknown"):
-        T.replay_coordinator([(77, b"")])
+        L.replay_coordinator([(77, b"")])
 
 
 def test_replay_pending():
     a, b = T.txn_words(0, 1), T.txn_words(2, 5)
     frames = [
-        (T.PA_ACK, T.pack_txn(*a) + struct.pack("<I", 2) + np.array([4, 9], "<i8").tobytes()),
-        (T.PA_ACK, T.pack_txn(*b) + struct.pack("<I", 1) + np.array([11], "<i8").tobytes()),
-        (T.PA_CUMULATIVE, T.pack_txn(*b) + struct.pack("<q", 3)),
-        (T.PA_COMMIT, T.pack_txn(*a)),
+        (L.PA_ACK, L.pack_txn(*a) + struct.pack("<I", 2) + np.array([4, 9], "<i8").tobytes()),
+        (L.PA_ACK, L.pack_txn(*b) + struct.pack("<I", 1) + np.array([11], "<i8").tobytes()),
+        (L.PA_CUMULATIVE, L.pack_txn(*b) + struct.pack("<q", 3)),
+        (L.PA_COMMIT, L.pack_txn(*a)),
     ]
-    assert T.replay_pending(frames) == {b: [[11], 3]}
+    assert L.replay_pending(frames) == {b: [[11], 3]}
 
     class Id:
         def __init__(self, words):
@@ -234,7 +235,7 @@ def test_replay_pending():
     t = T.PendingAckTable()
     t.add(Id(b), [11, 12])
     t.add_cumulative(Id(b), 3)
-    assert T.replay_pending([(1, t.to_bytes())]) == {b: [[11, 12], 3]}
+    assert L.replay_pending([(1, t.to_bytes())]) == {b: [[11, 12], 3]}
 
 
 def test_txn_words_range():

@@ -11,7 +11,7 @@ import pytest
 
 import txmq
 from txmq._redolog import RedoLog
-from txmq._txn import PA_ACK, PA_COMMIT
+from txmq._txnlog import PA_ACK, PA_COMMIT
 from txmq.errors import TransactionConflictError
 
 

@@ -15,7 +15,7 @@ import txmq
 import txmq.readonly as readonly
 from txmq import LocalTransactionState as S
 from txmq import _half
-from txmq import _txn as T
+from txmq import _txnlog as L
 from txmq._redolog import FRAME_HEADER_BYTES, frame
 from txmq.cli import exits, main
 from txmq.storage.cursor import ACK
@@ -47,13 +47,13 @@ def data(tmp_path):
 
 # (file, the damaged frame, the damaged field's byte in its payload, what the error says)
 CASES = {
-    "coordinator": ("coordinator/tc-0.log", (T.TC_COMMITTING, TXN), 0,
+    "coordinator": ("coordinator/tc-0.log", (L.TC_COMMITTING, TXN), 0,
                     "coordinator frame of type 5: frame for transaction"),
-    "producer registry": ("producers.log", (T.PR_NAME, T.encode_text("svc-b") + b"\1\2\3"), 7,
+    "producer registry": ("producers.log", (L.PR_NAME, L.encode_text("svc-b") + b"\1\2\3"), 7,
                           "producer registry frame of type 3: ends at byte"),
-    "half-message redo": ("half/redo.log", (_half.F_GROUP, I64(9) + T.encode_text("t") + b"\x07\x00gr"), 11,
+    "half-message redo": ("half/redo.log", (_half.F_GROUP, I64(9) + L.encode_text("t") + b"\x07\x00gr"), 11,
                           "half-message redo frame of type 4: text of 7 bytes runs past"),
-    "pending acks": ("subscriptions/t/s/pending-0.log", (T.PA_ACK, TXN + struct.pack("<I", 3) + I64(1)), 20,
+    "pending acks": ("subscriptions/t/s/pending-0.log", (L.PA_ACK, TXN + struct.pack("<I", 3) + I64(1)), 20,
                      "pending-ack frame of type 2: 3 items of 8 bytes do not fit"),
     "cursor": ("subscriptions/t/s/cursor-0.log", (ACK, struct.pack("<I", 1) + I64(1) + b"\0\0"), 12,
                "cursor frame of type 2: 2 stray bytes"),

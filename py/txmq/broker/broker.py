@@ -37,7 +37,7 @@ import time
 
 from txmq.client.consumer import Consumer
 from txmq._crc32c import crc32c_of
-from txmq._txn import COMMITTED, COMMITTING, OPEN
+from txmq._txnlog import COMMITTED, COMMITTING, OPEN
 from txmq.transactions import decision
 from txmq.transactions.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, CorruptLogError, DataDirError, DataDirLockedError, InvalidArgumentError,

@@ -40,7 +40,7 @@ import numpy as np
 from txmq import _half, readonly
 from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse
-from txmq._txn import replay_coordinator, replay_pending, replay_registry
+from txmq._txnlog import replay_coordinator, replay_pending, replay_registry
 from txmq.storage import datadir
 from txmq.storage.datadir import DATA_DIR_ENTRIES
 from txmq.cli import exits, opening

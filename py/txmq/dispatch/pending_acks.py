@@ -22,7 +22,8 @@ import struct
 
 from txmq._ackset import cut_delivery
 from txmq._redolog import RedoLog
-from txmq._txn import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, PendingAckTable, pack_txn, replay_pending
+from txmq._txn import PendingAckTable
+from txmq._txnlog import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, pack_txn, replay_pending
 from txmq.dispatch import lane_invariant
 from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
 from txmq.message import MessageId

@@ -61,8 +61,8 @@ import numpy as np
 from txmq._batch import FLAG
 from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
-from txmq._txn import (ABORTING, COMMITTED, COMMITTING, OPEN, AbortSet, OngoingQueue, replay_coordinator,
-                       replay_pending)
+from txmq._txn import AbortSet, OngoingQueue
+from txmq._txnlog import ABORTING, COMMITTED, COMMITTING, OPEN, replay_coordinator, replay_pending
 from txmq.batcharrow import batch_arrays
 from txmq.files import read_json
 from txmq.storage.cursor import replay as replay_cursor

@@ -43,10 +43,10 @@ import time
 
 from txmq import crashpoints
 from txmq._redolog import RedoLog
-from txmq._txn import (ABORTING, COMMITTING, OPEN, TC_ABORTED, TC_ABORTING,
-                       TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING,
-                       TC_DECIDED, TC_PRODUCER, encode_coordinator_snapshot, encode_producer, encode_text, pack_txn,
-                       replay_coordinator)
+from txmq._txnlog import (ABORTING, COMMITTING, OPEN, TC_ABORTED, TC_ABORTING, TC_ADD_PARTITION,
+                          TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING, TC_DECIDED, TC_PRODUCER,
+                          encode_coordinator_snapshot, encode_producer, encode_text, pack_txn,
+                          replay_coordinator)
 from txmq.errors import BrokerClosedError
 from txmq.transactions import decision
 from txmq.transactions.records import TxnID, TxnMeta, TxnState

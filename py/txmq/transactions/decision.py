@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from txmq._txn import decode_decision, encode_decision, ranges_of
+from txmq._txnlog import decode_decision, encode_decision, ranges_of
 
 __all__ = ["REDO_COPY_MAX", "BatchRef", "AckRanges", "Decision", "encode", "decode", "offset_ranges"]
 

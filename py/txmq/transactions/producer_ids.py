@@ -21,7 +21,7 @@ import struct
 import threading
 
 from txmq._redolog import RedoLog
-from txmq._txn import PR_BLOCK, PR_NAME, encode_registry_snapshot, encode_text, replay_registry
+from txmq._txnlog import PR_BLOCK, PR_NAME, encode_registry_snapshot, encode_text, replay_registry
 
 ID_BLOCK = 1024
 COMPACT_FRAMES = 4096

@@ -1,0 +1,376 @@
+# cython: boundscheck=False, wraparound=False
+"""The frames of the transaction logs (docs/FORMAT.md): encoding and replay
+of a coordinator log, the producer registry (``producers.log``) and a
+pending-ack log, and a commit's decision record. The structures their
+state rebuilds are ``txmq._txn``.
+
+Frames are decoded through ``_reader.Reader``: a frame that does not parse
+raises ``CorruptLogError`` at its first bad byte.
+"""
+from libc.stdint cimport int16_t, int64_t, uint64_t, uint8_t, uint32_t, uint16_t
+
+from _bytes cimport load_i64, packed_i64, packed_txn, packed_u32
+from _redo_layout cimport payload_position
+from txmq._reader cimport Reader
+
+# Frame types of a coordinator log (SNAPSHOT = 1 is the redo log's own).
+TC_BEGIN, TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION = 2, 3, 4
+TC_COMMITTING, TC_ABORTING, TC_COMMITTED, TC_ABORTED = 5, 6, 7, 8
+TC_PRODUCER = 9          # a transactional id's (producer id, epoch)
+TC_DECIDED = 10          # COMMITTING with what the commit covers (txmq.transactions.decision)
+# Frame types of the producer registry (producers.log).
+PR_BLOCK, PR_NAME = 2, 3
+# Frame types of a pending-ack log.
+PA_ACK, PA_CUMULATIVE, PA_COMMIT, PA_ABORT = 2, 3, 4, 5
+
+# Transaction states as stored in a coordinator snapshot.
+OPEN, COMMITTING, ABORTING, COMMITTED, ABORTED = 0, 1, 2, 3, 4
+
+
+def pack_txn(uint64_t hi, uint64_t lo):
+    """The 16 bytes (u64 hi, u64 lo) of a transaction id in every log."""
+    return packed_txn(hi, lo)
+
+
+cdef tuple _read_txn(Reader r):
+    """A transaction id: u64 hi, u64 lo."""
+    cdef uint64_t hi = r.u64()
+    return (hi, r.u64())
+
+
+def replay_coordinator(frames, path=None, records=None):
+    """State of a coordinator log from its frames (the last SNAPSHOT on).
+
+    Returns ``(next_lo, txns, tids)``: the lowest sequence word never used,
+    ``{(hi, lo): [state, timeout_ms, start_ms, partitions, subscriptions]}``
+    with ``partitions`` a set of (topic, partition) and ``subscriptions`` a
+    set of (topic, subscription), each None when empty, and ``{transactional
+    id: (producer id, epoch)}``. Transactions whose final record is logged
+    stay in with state COMMITTED / ABORTED (and no participants), so
+    recovery knows their outcome.
+
+    ``frames`` are ``(type, payload, position)`` as ``_redolog.parse`` and
+    ``RedoLog.replay(positions=True)`` give them (or ``(type, payload)``
+    pairs, whose bytes then count from each payload's first). A frame that
+    passed its CRC but does not parse raises CorruptLogError at its first
+    bad byte of file ``path`` (ValueError without a path).
+
+    A DECIDED frame is a COMMITTING one that also names what the commit
+    covers; with ``records`` (a dict) its bytes after the transaction id
+    are stored there under the transaction's words, also once the
+    transaction is COMMITTED (recovery checks every decision the log still
+    holds), and a SNAPSHOT's records of decided transactions likewise.
+    """
+    cdef dict txns = {}, tids = {}
+    cdef uint64_t next_lo = 0, lo
+    cdef uint32_t n, k, j
+    cdef Reader r = Reader(path, "coordinator frame of type")
+    cdef int kind
+    cdef list entry
+    cdef tuple frame
+    for frame in frames:
+        kind = frame[0]
+        r.reset(frame[1], payload_position(frame), kind)
+        if kind == 1:
+            txns.clear()
+            next_lo = r.u64()
+            n = r.u32()
+            for k in range(n):
+                key = _read_txn(r)
+                state = r.u8()
+                timeout = r.i64()
+                start = r.i64()
+                parts = subs = None
+                for j in range(r.u32()):
+                    topic = r.text()
+                    parts = parts or set()
+                    parts.add((topic, <int>r.u32()))
+                for j in range(r.u32()):
+                    topic = r.text()
+                    subs = subs or set()
+                    subs.add((topic, r.text()))
+                txns[key] = [state, timeout, start, parts, subs]
+            tids.clear()
+            if records is not None:
+                records.clear()
+            if r.pos < r.end:        # snapshots before transactional ids end here
+                for k in range(r.u32()):
+                    tid = r.text()
+                    pid = r.i64()
+                    tids[tid] = (pid, <int>r.i16())
+            if r.pos < r.end:        # ... and before decision records here
+                for k in range(r.u32()):
+                    key = _read_txn(r)
+                    record = r.read(r.u32())
+                    if records is not None:
+                        records[key] = record
+        elif kind == TC_PRODUCER:
+            tid = r.text()
+            pid = r.i64()
+            tids[tid] = (pid, <int>r.i16())
+        elif kind == TC_BEGIN:
+            key = _read_txn(r)
+            timeout = r.i64()
+            txns[key] = [OPEN, timeout, r.i64(), None, None]
+            lo = key[1]
+            if lo >= next_lo:
+                next_lo = lo + 1
+        elif kind == TC_ADD_PARTITION:
+            entry = _txn_entry(txns, r)
+            topic = r.text()
+            if entry[3] is None:
+                entry[3] = set()
+            entry[3].add((topic, <int>r.u32()))
+        elif kind == TC_ADD_SUBSCRIPTION:
+            entry = _txn_entry(txns, r)
+            topic = r.text()
+            if entry[4] is None:
+                entry[4] = set()
+            entry[4].add((topic, r.text()))
+        elif kind == TC_COMMITTING:
+            _txn_entry(txns, r)[0] = COMMITTING
+        elif kind == TC_DECIDED:
+            key = _read_txn(r)
+            entry = txns.get(key)
+            if entry is None:
+                r.fail(0, f"frame for transaction {key} before its BEGIN")
+            entry[0] = COMMITTING
+            record = r.read(r.end - r.pos)
+            if records is not None:
+                records[key] = record
+        elif kind == TC_ABORTING:
+            _txn_entry(txns, r)[0] = ABORTING
+        elif kind == TC_COMMITTED:
+            entry = _txn_entry(txns, r)
+            entry[0] = COMMITTED
+            entry[3] = entry[4] = None      # only the outcome is needed now
+        elif kind == TC_ABORTED:
+            entry = _txn_entry(txns, r)
+            entry[0] = ABORTED
+            entry[3] = entry[4] = None
+        else:
+            r.fail(-1, "unknown frame type")
+        r.done()
+    return next_lo, txns, tids
+
+
+cdef list _txn_entry(dict txns, Reader r):
+    """The entry of the transaction whose id ``r`` reads next."""
+    cdef Py_ssize_t at = r.pos
+    key = _read_txn(r)
+    entry = txns.get(key)
+    if entry is None:
+        r.fail(at, f"frame for transaction {key} before its BEGIN")
+    return entry
+
+
+def encode_coordinator_snapshot(uint64_t next_lo, txns, tids=None, records=None):
+    """SNAPSHOT payload: ``txns`` and ``tids`` as :func:`replay_coordinator`
+    returns them, and the decision ``records`` of decided transactions
+    ({words: bytes}; a snapshot keeps what their commits cover)."""
+    out = [packed_i64(<int64_t>next_lo), packed_u32(len(txns))]
+    for (hi, lo), (state, timeout, start, parts, subs) in txns.items():
+        out.append(packed_txn(hi, lo) + bytes([state]) + packed_i64(timeout) + packed_i64(start))
+        parts = parts or ()
+        subs = subs or ()
+        out.append(packed_u32(len(parts)))
+        for topic, p in sorted(parts):
+            out.append(encode_text(topic) + packed_u32(p))
+        out.append(packed_u32(len(subs)))
+        for topic, sub in sorted(subs):
+            out.append(encode_text(topic) + encode_text(sub))
+    tids = tids or {}
+    out.append(packed_u32(len(tids)))
+    for tid, (pid, epoch) in tids.items():
+        out.append(encode_text(tid) + packed_i64(pid) + pack_i16(epoch))
+    if records:
+        out.append(packed_u32(len(records)))
+        for (hi, lo), record in records.items():
+            out.append(packed_txn(hi, lo) + packed_u32(len(record)) + record)
+    return b"".join(out)
+
+
+def encode_producer(str tid, int64_t pid, int epoch):
+    """TC_PRODUCER payload."""
+    return encode_text(tid) + packed_i64(pid) + pack_i16(epoch)
+
+
+cdef bytes pack_i16(int v):
+    return bytes([v & 0xFF, (v >> 8) & 0xFF])
+
+
+def replay_registry(frames, path=None):
+    """State of a producer registry from its frames (the last SNAPSHOT on):
+    ``(reserved, names)``, the id below which every id may have been handed
+    out and ``{name: producer id}``. ``frames`` and ``path`` are as for
+    :func:`replay_coordinator`: a frame that passed its CRC but does not
+    parse raises CorruptLogError at its first bad byte."""
+    cdef int64_t reserved = 0, pid
+    cdef dict names = {}
+    cdef uint32_t k
+    cdef Reader r = Reader(path, "producer registry frame of type")
+    cdef int kind
+    cdef tuple frame
+    for frame in frames:
+        kind = frame[0]
+        r.reset(frame[1], payload_position(frame), kind)
+        if kind == 1:
+            reserved = r.i64()
+            names = {}
+            for k in range(r.u32()):
+                name = r.text()
+                names[name] = r.i64()
+        elif kind == PR_BLOCK:
+            reserved = max(reserved, r.i64())
+        elif kind == PR_NAME:
+            name = r.text()
+            pid = r.i64()
+            names[name] = pid
+            reserved = max(reserved, pid + 1)
+        else:
+            r.fail(-1, "unknown frame type")
+        r.done()
+    return reserved, names
+
+
+def encode_registry_snapshot(int64_t reserved, names):
+    """SNAPSHOT payload of a producer registry."""
+    out = [packed_i64(reserved), packed_u32(len(names))]
+    for name, pid in names.items():
+        out.append(encode_text(name) + packed_i64(pid))
+    return b"".join(out)
+
+
+def encode_text(str s):
+    """u16 length + UTF-8 bytes."""
+    b = s.encode("utf-8")
+    if len(b) > 0xFFFF:
+        raise ValueError("name longer than 65535 bytes")
+    return bytes([len(b) & 0xFF, len(b) >> 8]) + b
+
+
+def replay_pending(frames, path=None):
+    """Pending acks of a pending-ack log from its frames (the last SNAPSHOT on).
+
+    Returns ``{(hi, lo): [offsets list, cumulative offset or -1]}`` for every
+    transaction with acks and no COMMIT / ABORT frame yet. ``frames`` and
+    ``path`` are as for :func:`replay_coordinator`: a frame that passed its
+    CRC but does not parse raises CorruptLogError at its first bad byte.
+    """
+    cdef dict txns = {}
+    cdef uint32_t n, k, j
+    cdef Reader r = Reader(path, "pending-ack frame of type")
+    cdef const char *p
+    cdef int kind
+    cdef tuple frame
+    for frame in frames:
+        kind = frame[0]
+        r.reset(frame[1], payload_position(frame), kind)
+        if kind == 1:
+            txns.clear()
+            n = r.u32()
+            for k in range(n):
+                key = _read_txn(r)
+                cum = r.i64()
+                j = r.u32()
+                p = r.take_array(j, 8)
+                txns[key] = [[load_i64(p + 8 * i) for i in range(j)], cum]
+        elif kind == PA_ACK:
+            key = _read_txn(r)
+            j = r.u32()
+            p = r.take_array(j, 8)
+            entry = txns.setdefault(key, [[], -1])
+            entry[0].extend([load_i64(p + 8 * i) for i in range(j)])
+        elif kind == PA_CUMULATIVE:
+            key = _read_txn(r)
+            cum = r.i64()
+            entry = txns.setdefault(key, [[], -1])
+            entry[1] = max(entry[1], cum)
+        elif kind in (PA_COMMIT, PA_ABORT):
+            txns.pop(_read_txn(r), None)
+        else:
+            r.fail(-1, "unknown frame type")
+        r.done()
+    return txns
+
+
+# -- the decision record of a commit (txmq.transactions.decision has its layout) --
+
+def ranges_of(offsets):
+    """Sorted, merged ``[(start, end)]`` (end exclusive) of int ``offsets``."""
+    cdef list out = []
+    cdef int64_t s, e, o
+    cdef list ordered = sorted(offsets)
+    if not ordered:
+        return out
+    s = e = ordered[0]
+    for o in ordered:
+        if o <= e:
+            continue
+        if o == e + 1:
+            e = o
+        else:
+            out.append((s, e + 1))
+            s = e = o
+    out.append((s, e + 1))
+    return out
+
+
+def encode_decision(partitions, acks):
+    """The record after the transaction id: ``partitions`` is ``[(topic,
+    partition, [(base offset, count, crc, length, bytes or None)])]``,
+    ``acks`` is ``[(topic, subscription, partition, cumulative or -1,
+    [(start, end)])]``."""
+    cdef list out = [packed_u32(len(partitions))]
+    for topic, index, batches in partitions:
+        out.append(encode_text(topic) + packed_u32(index) + packed_u32(len(batches)))
+        for base, count, crc, length, data in batches:
+            out.append(packed_i64(base) + packed_u32(<uint32_t>(<int64_t>count & 0xFFFFFFFF)) + packed_u32(crc)
+                       + packed_u32(length) + (b"\0" if data is None else b"\1"))
+            if data is not None:
+                out.append(data)
+    out.append(packed_u32(len(acks)))
+    for topic, sub, index, cumulative, ranges in acks:
+        out.append(encode_text(topic) + encode_text(sub) + packed_u32(index) + packed_i64(cumulative)
+                   + packed_u32(len(ranges)))
+        for s, e in ranges:
+            out.append(packed_i64(s) + packed_i64(e))
+    return b"".join(out)
+
+
+def decode_decision(record, path=None, Py_ssize_t position=0):
+    """``(partitions, acks)`` of a record :func:`encode_decision` made:
+    ``{(topic, partition): [(base, count, crc, length, bytes or None)]}``
+    and the ack tuples. A record that does not parse raises
+    CorruptLogError at its bad byte of ``path`` (ValueError without one)."""
+    cdef Reader r = Reader(path, "decision record")
+    cdef dict partitions = {}
+    cdef list acks = [], batches
+    cdef uint32_t n, k, j, m
+    cdef uint8_t copied
+    r.reset(record, position)
+    n = r.u32()
+    for k in range(n):
+        topic = r.text()
+        index = r.u32()
+        batches = partitions.setdefault((topic, index), [])
+        m = r.u32()
+        for j in range(m):
+            base = r.i64()
+            count = r.i32()
+            crc = r.u32()
+            length = r.u32()
+            copied = r.u8()
+            if copied > 1:
+                r.fail(r.pos - 1, f"copied flag {copied}")
+            batches.append((base, count, crc, length, r.read(length) if copied else None))
+    n = r.u32()
+    for k in range(n):
+        topic = r.text()
+        sub = r.text()
+        index = r.u32()
+        cumulative = r.i64()
+        m = r.u32()
+        acks.append((topic, sub, index, cumulative, [(r.i64(), r.i64()) for j in range(m)]))
+    r.done()
+    return partitions, acks
