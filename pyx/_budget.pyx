@@ -13,6 +13,7 @@ using it either saw it open (and is counted in users, so it is skipped) or
 sees it parked (and reopens it).
 """
 
+import resource
 import threading
 import weakref
 
@@ -100,3 +101,65 @@ cdef class Budget:
 
     def stats(self) -> dict:
         return {"limit": self.limit, "open": self.open_count, "opened": self.opened, "parked": self.parked}
+
+
+# -- the two budgets a process shares by default -------------------------------------
+
+def _soft_limit():
+    """The soft ``RLIMIT_NOFILE`` (an unlimited one counts as 2**20)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 20 if soft == resource.RLIM_INFINITY or soft > 1 << 20 else soft
+
+
+def default_open_files():
+    """The segments a process keeps open by default: half its descriptor
+    limit, leaving the rest to sockets, logs and the application, and at
+    most a quarter of ``vm.max_map_count`` (each open segment is one
+    mapping); at least 16."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            maps = int(f.read())
+    except (OSError, ValueError):
+        maps = 65530
+    return max(16, min(_soft_limit() // 2, maps // 4))
+
+
+def default_open_logs():
+    """The redo logs a process keeps open by default: a quarter of its
+    descriptor limit (segments take half), at least 16."""
+    return max(16, _soft_limit() // 4)
+
+
+class SegmentBudget(Budget):
+    """At most ``limit`` segments open at once (one descriptor and one
+    mapping each), across every log that opens its segments through it."""
+
+    def __init__(self, limit):
+        super().__init__(limit, "segments")
+
+
+class LogBudget(Budget):
+    """At most ``limit`` redo logs hold a descriptor at once."""
+
+    def __init__(self, limit):
+        super().__init__(limit, "logs")
+
+
+_shared = {}
+
+
+def _shared_budget(kind, limit):
+    budget = _shared.get(kind)
+    if budget is None:
+        budget = _shared[kind] = kind(limit())
+    return budget
+
+
+def default_budget():
+    """The process's shared budget of :func:`default_open_files` segments."""
+    return _shared_budget(SegmentBudget, default_open_files)
+
+
+def default_log_budget():
+    """The process's shared budget of :func:`default_open_logs` redo logs."""
+    return _shared_budget(LogBudget, default_open_logs)

@@ -31,7 +31,7 @@ position (``replay(positions=True)``, :func:`parse`), so a payload that does
 not parse is reported at its bad byte. The layout constants live in
 ``_redo_layout.pxd``.
 
-Descriptors are a budget (:class:`LogBudget`): a subscription keeps two
+Descriptors are a budget (:class:`txmq._budget.LogBudget`): a subscription keeps two
 logs per partition, so a topic of thousands of partitions would otherwise
 hold thousands of descriptors. A log whose descriptor the budget closed
 (the least recently used idle one) reopens it on its next write, sync or
@@ -43,7 +43,6 @@ from libc.string cimport memcpy
 
 import errno
 import os
-import resource
 import threading
 
 from txmq.errors import CorruptLogError, StorageFullError
@@ -51,7 +50,8 @@ from txmq.errors import CorruptLogError, StorageFullError
 from _bytes cimport load_u32, store_u32, crc32c
 
 from _redo_layout cimport *
-from txmq._budget cimport Budget, Budgeted
+from txmq._budget cimport Budgeted
+from txmq._budget import default_log_budget
 
 SNAPSHOT = 1
 # Bytes of a frame before its payload: a frame at byte p of the file has its
@@ -133,39 +133,9 @@ cdef bint _zeros(const char *p, Py_ssize_t n) noexcept:
     return True
 
 
-def default_open_logs():
-    """The redo logs a process keeps open by default: a quarter of its
-    descriptor limit (``RLIMIT_NOFILE``, the soft one; segments take half,
-    ``txmq._segment.default_open_files``), at least 16."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
-        soft = 1 << 20
-    return max(16, soft // 4)
-
-
-class LogBudget(Budget):
-    """At most ``limit`` redo logs hold a descriptor at once
-    (:class:`txmq._budget.Budget`: the least recently used idle log closes
-    its descriptor and reopens it on its next use)."""
-
-    def __init__(self, limit):
-        super().__init__(limit, "logs")
-
-
 # Frames a log takes after a full disk refused its compaction before it is
 # due again (RedoLog.try_compact).
 COMPACT_RETRY_FRAMES = 256
-
-_default_budget = None
-
-
-def default_log_budget():
-    """The process's shared budget of :func:`default_open_logs` logs."""
-    global _default_budget
-    if _default_budget is None:
-        _default_budget = LogBudget(default_open_logs())
-    return _default_budget
-
 
 class RedoLog(Budgeted):
     """An append-only framed log file.

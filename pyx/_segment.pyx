@@ -74,7 +74,6 @@ from posix.uio cimport iovec, pwritev
 from posix.unistd cimport close as c_close
 
 import os
-import resource
 import time
 
 import numpy as np
@@ -85,6 +84,7 @@ from _bytes cimport load_u16, load_u32, load_i32, load_i64, load_u64
 from _batch_layout cimport *
 from txmq._mapping cimport Mapping
 from txmq._budget cimport Budget, Budgeted
+from txmq._budget import default_budget
 from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, batch_info,
                           decode_batch, arrow_views)
 
@@ -153,43 +153,6 @@ cdef Py_ssize_t _last_at_or_below(object column, Py_ssize_t n, int64_t x) except
             hi = mid
     return lo - 1
 
-
-
-def default_open_files():
-    """The segments a process keeps open by default: half its descriptor
-    limit (``RLIMIT_NOFILE``, the soft one), leaving the rest to sockets,
-    logs and the application, and at most a quarter of ``vm.max_map_count``
-    (each open segment is one mapping); at least 16."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
-        soft = 1 << 20
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            maps = int(f.read())
-    except (OSError, ValueError):
-        maps = 65530
-    return max(16, min(soft // 2, maps // 4))
-
-
-class SegmentBudget(Budget):
-    """At most ``limit`` segments open at once (one descriptor and one
-    mapping each), across every log that opens its segments through this
-    budget (:class:`txmq._budget.Budget`: the least recently used idle one
-    is parked, and reopens on its next use)."""
-
-    def __init__(self, limit):
-        super().__init__(limit, "segments")
-
-
-_default_budget = None
-
-
-def default_budget():
-    """The process's shared budget, of :func:`default_open_files` segments."""
-    global _default_budget
-    if _default_budget is None:
-        _default_budget = SegmentBudget(default_open_files())
-    return _default_budget
 
 
 cdef class Segment(Budgeted):

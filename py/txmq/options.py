@@ -90,7 +90,7 @@ def partitions_option(partitions) -> int:
 
 def open_files_option(open_files_max):
     """None (share the process's budget, sized from ``RLIMIT_NOFILE``:
-    ``txmq._segment.default_open_files``) or an int >= 4: how many segment
+    ``txmq._budget.default_open_files``) or an int >= 4: how many segment
     files a broker or a read-only view keeps open at once (a descriptor
     and a mapping each)."""
     return int_option("open_files_max", open_files_max, 4, optional=True)

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from txmq import _redolog
+from txmq import _budget, _redolog
 from txmq._crc32c import crc32c_of
 from txmq._redolog import FILE_HEADER, SNAPSHOT, RedoLog, frame, parse
 from txmq.errors import CorruptLogError
@@ -231,7 +231,7 @@ def test_logs_share_a_budget_of_descriptors(tmp_path):
     """Redo logs open through one budget (txmq._budget, as segments do):
     past its limit the least recently used idle log closes its descriptor,
     and its next append or replay reopens it, losing nothing."""
-    budget = _redolog.LogBudget(2)
+    budget = _budget.LogBudget(2)
     logs = [RedoLog(tmp_path / f"l{i}.log", "never", budget=budget) for i in range(3)]
     for i, log in enumerate(logs):
         log.append(7, b"first-%d" % i)
@@ -247,7 +247,7 @@ def test_logs_share_a_budget_of_descriptors(tmp_path):
         log.close()
     assert budget.stats()["open"] == 0
     with pytest.raises(ValueError, match="open logs"):
-        _redolog.LogBudget(0)
+        _budget.LogBudget(0)
 
 
 def test_a_compaction_a_full_disk_refuses_leaves_the_log_as_it_was(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Open segments are a budget (txmq._segment.SegmentBudget): idle ones are
+"""Open segments are a budget (txmq._budget.SegmentBudget): idle ones are
 parked (descriptor closed, mapping dropped) and reopened by their next use;
 a value a caller holds over a mapping stays valid through any eviction;
 the active segment reserves its blocks as it grows, from 64 KiB up."""
@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from txmq._batch import BatchSpec
-from txmq._segment import RESERVE_MIN_BYTES, Segment, SegmentBudget, SegmentClosedError
+from txmq._budget import SegmentBudget
+from txmq._segment import RESERVE_MIN_BYTES, Segment, SegmentClosedError
 from txmq.batcharrow import batch_arrays
 from txmq.errors import CorruptLogError
 from txmq.storage.partition import Partition

@@ -25,7 +25,8 @@ import os
 import threading
 
 from txmq._batch import BatchSpec
-from txmq._segment import Segment, SegmentBudget, SegmentClosedError, default_budget
+from txmq._budget import SegmentBudget, default_budget
+from txmq._segment import Segment, SegmentClosedError
 from txmq._redolog import sync_dir
 from txmq.errors import BrokerClosedError, CorruptLogError, MessageTooLargeError, StorageFullError
 from txmq.storage.index import append_index, index_problem, rewrite_index
