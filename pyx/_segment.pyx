@@ -76,7 +76,6 @@ from posix.unistd cimport close as c_close
 import os
 import time
 
-import numpy as np
 
 from txmq.errors import CorruptLogError, StorageFullError
 
@@ -84,6 +83,7 @@ from _bytes cimport load_u16, load_u32, load_i32, load_i64, load_u64
 from _batch_layout cimport *
 from txmq._mapping cimport Mapping
 from txmq._budget cimport Budget, Budgeted
+from txmq._sparse_index cimport SparseIndex
 from txmq._budget import default_budget
 from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, batch_info,
                           decode_batch, arrow_views)
@@ -139,21 +139,6 @@ def now_ms():
     return time.time_ns() // 1_000_000
 
 
-cdef Py_ssize_t _last_at_or_below(object column, Py_ssize_t n, int64_t x) except -2:
-    """The index of the last of the first ``n`` entries of a sorted int64
-    column that is <= ``x``, or -1 (a binary search, no Python call: every
-    read of a message locates its batch through it)."""
-    cdef const int64_t[::1] a = column
-    cdef Py_ssize_t lo = 0, hi = n, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if a[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
-
-
 
 cdef class Segment(Budgeted):
     """One segment file of a partition log, mapped, with its sparse indexes.
@@ -179,12 +164,8 @@ cdef class Segment(Budgeted):
     # that recovery scanned or this process appended.
     cdef Py_ssize_t verified_end
     cdef Py_ssize_t verified_from
-    cdef Py_ssize_t index_interval
-    cdef Py_ssize_t last_indexed_pos
-    cdef object idx_off, idx_pos, tix_ts, tix_off   # np.int64 arrays, grown by doubling
+    cdef SparseIndex index                          # offset and time indexes, in memory
     cdef public Py_ssize_t index_faults             # index entries found wrong and bypassed
-    cdef object idx_ok                              # np.uint8 per offset-index entry: checked whole
-    cdef Py_ssize_t idx_n, tix_n
     # Quarantined ranges, by position: (pos, end pos, first offset, end
     # offset, reason). Empty for a sound segment, so walks test nq first.
     cdef list quarantine
@@ -197,14 +178,8 @@ cdef class Segment(Budgeted):
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.writable = writable
-        self.index_interval = index_interval
         self.fd = -1
-        self.last_indexed_pos = -index_interval
-        self.idx_off = np.empty(64, np.int64)
-        self.idx_pos = np.empty(64, np.int64)
-        self.idx_ok = np.zeros(64, np.uint8)
-        self.tix_ts = np.empty(64, np.int64)
-        self.tix_off = np.empty(64, np.int64)
+        self.index = SparseIndex(index_interval)
         self.quarantine = []
         self.nq = 0
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
@@ -363,7 +338,7 @@ cdef class Segment(Budgeted):
                     base_sequence, publish_time)
         if self._map.torn():             # the store went to a page the file no longer has
             self._raise_torn(start)
-        self._indexed(start, base, publish_time)
+        self.index.add(start, base, publish_time)
         if self.verified_from > start:      # a segment never recovered: all of it is ours
             self.verified_from = start
         self.size = start + need
@@ -400,7 +375,7 @@ cdef class Segment(Budgeted):
         finally:
             self._unuse()
         publish_time = load_i64(<const char *>&view[0] + PUBLISH_TIME_OFFSET)
-        self._indexed(start, base, publish_time)
+        self.index.add(start, base, publish_time)
         if self.verified_from > start:
             self.verified_from = start
         self.size = start + need
@@ -461,28 +436,6 @@ cdef class Segment(Budgeted):
         elif rc != 0:
             raise OSError(rc, f"cannot reserve {want - self.allocated} bytes in {self.path}: {os.strerror(rc)}")
         self.allocated = want
-
-    cdef _indexed(self, Py_ssize_t pos, int64_t base, int64_t publish_time):
-        if pos - self.last_indexed_pos < self.index_interval:
-            return
-        self.last_indexed_pos = pos
-        # Each index grows on its own count: loaded from disk, the time
-        # index may hold more entries than the offset index.
-        if self.idx_n == len(self.idx_off):
-            self.idx_off = np.resize(self.idx_off, 2 * self.idx_n)
-            self.idx_pos = np.resize(self.idx_pos, 2 * self.idx_n)
-            self.idx_ok = np.resize(self.idx_ok, 2 * self.idx_n)
-        self.idx_off[self.idx_n] = base
-        self.idx_pos[self.idx_n] = pos
-        self.idx_ok[self.idx_n] = 1     # made here from a checked batch
-        self.idx_n += 1
-        if self.tix_n == 0 or publish_time > self.tix_ts[self.tix_n - 1]:
-            if self.tix_n == len(self.tix_ts):
-                self.tix_ts = np.resize(self.tix_ts, 2 * self.tix_n)
-                self.tix_off = np.resize(self.tix_off, 2 * self.tix_n)
-            self.tix_ts[self.tix_n] = publish_time
-            self.tix_off[self.tix_n] = base
-            self.tix_n += 1
 
     def sync(self, Py_ssize_t start=0, Py_ssize_t end=-1):
         """Make [start, end) durable (msync MS_SYNC); end=-1 means the log end."""
@@ -555,7 +508,7 @@ cdef class Segment(Budgeted):
                 pos = found[0]
                 reason = None
                 continue
-            self._indexed(pos, expected, load_i64(base + pos + PUBLISH_TIME_OFFSET))
+            self.index.add(pos, expected, load_i64(base + pos + PUBLISH_TIME_OFFSET))
             self.last_publish_time = load_i64(base + pos + PUBLISH_TIME_OFFSET)
             expected += load_i32(base + pos + COUNT_OFFSET)
             pos += load_u32(base + pos + LENGTH_OFFSET)
@@ -734,16 +687,14 @@ cdef class Segment(Budgeted):
         cdef Py_ssize_t pos = 0
         self._pin()
         try:
-            self.idx_n = 0
-            self.tix_n = 0
-            self.last_indexed_pos = -self.index_interval
+            self.index.clear()
             while pos < self.size:
                 if self.nq:
                     pos = self._hop(pos, NULL)
                     if pos >= self.size:
                         break
                 self._checked(pos)
-                self._indexed(pos, load_i64(self._map.base + pos + BASE_OFFSET_OFFSET),
+                self.index.add(pos, load_i64(self._map.base + pos + BASE_OFFSET_OFFSET),
                               load_i64(self._map.base + pos + PUBLISH_TIME_OFFSET))
                 pos += load_u32(self._map.base + pos + LENGTH_OFFSET)
             self.index_faults = 0
@@ -801,11 +752,7 @@ cdef class Segment(Budgeted):
             self._unuse()
 
     cdef _truncate_at(self, Py_ssize_t pos, int64_t next_offset):
-        while self.idx_n and self.idx_pos[self.idx_n - 1] >= pos:
-            self.idx_n -= 1
-        while self.tix_n and self.tix_off[self.tix_n - 1] >= next_offset:
-            self.tix_n -= 1
-        self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
+        self.index.truncate(pos, next_offset)
         if self.nq:
             self.quarantine = [q for q in self.quarantine if q[0] < pos]
             self.nq = len(self.quarantine)
@@ -822,25 +769,12 @@ cdef class Segment(Budgeted):
 
     def index_entries(self):
         """(offsets, positions, timestamps, time_offsets) as numpy views."""
-        return (self.idx_off[:self.idx_n], self.idx_pos[:self.idx_n],
-                self.tix_ts[:self.tix_n], self.tix_off[:self.tix_n])
+        return self.index.entries()
 
     def load_index(self, offsets, positions, timestamps, time_offsets, Py_ssize_t size,
                    int64_t next_offset):
         """Adopt indexes read from disk for a segment known good up to ``size``."""
-        self.idx_n = len(offsets)
-        self.idx_off = np.array(offsets, np.int64) if self.idx_n else np.empty(64, np.int64)
-        self.idx_pos = np.array(positions, np.int64) if self.idx_n else np.empty(64, np.int64)
-        self.tix_n = len(timestamps)
-        self.tix_ts = np.array(timestamps, np.int64) if self.tix_n else np.empty(64, np.int64)
-        self.tix_off = np.array(time_offsets, np.int64) if self.tix_n else np.empty(64, np.int64)
-        cap = max(64, self.idx_n, self.tix_n)
-        self.idx_off = np.resize(self.idx_off, max(cap, len(self.idx_off)))
-        self.idx_pos = np.resize(self.idx_pos, max(cap, len(self.idx_pos)))
-        self.idx_ok = np.zeros(len(self.idx_off), np.uint8)   # loaded: not checked yet
-        self.tix_ts = np.resize(self.tix_ts, max(cap, len(self.tix_ts)))
-        self.tix_off = np.resize(self.tix_off, max(cap, len(self.tix_off)))
-        self.last_indexed_pos = self.idx_pos[self.idx_n - 1] if self.idx_n else -self.index_interval
+        self.index.load(offsets, positions, timestamps, time_offsets)
         self.size = size
         self.next_offset = next_offset
         if self._map is not None or self.fd < 0:
@@ -860,12 +794,13 @@ cdef class Segment(Budgeted):
         and steps only over batches that pass the structural checks."""
         cdef Py_ssize_t pos = 0
         cdef const char *p
-        if self.tix_n:
-            self.last_publish_time = max(self.last_publish_time, self.tix_ts[self.tix_n - 1])
+        cdef SparseIndex ix = self.index
+        if ix.tn:
+            self.last_publish_time = max(self.last_publish_time, ix.time_at(ix.tn - 1))
         if self._map is None or self.size == 0:
             return
-        if self.idx_n and self._idx_entry_ok(self.idx_n - 1):
-            pos = self.idx_pos[self.idx_n - 1]
+        if ix.n and self._idx_entry_ok(ix.n - 1):
+            pos = ix.position_at(ix.n - 1)
         p = self._map.base
         while True:
             if self.nq:
@@ -895,11 +830,11 @@ cdef class Segment(Budgeted):
         if offset >= self.next_offset or self.size == 0:
             return -1
         p = self._map.base
-        if self.idx_n:
-            i = _last_at_or_below(self.idx_off, self.idx_n, offset)
+        if self.index.n:
+            i = self.index.at_or_below(offset)
             if i >= 0:
-                pos = self.idx_pos[i]
-                expected = self.idx_off[i]
+                pos = self.index.position_at(i)
+                expected = self.index.offset_at(i)
                 # An index is derived data: trust an entry only when the
                 # batch it points at is whole and starts where it says.
                 if not self._idx_entry_ok(i):
@@ -925,19 +860,20 @@ cdef class Segment(Budgeted):
     def _find_time(self, int64_t timestamp):
         """Offset of the first batch published at or after ``timestamp``, or -1."""
         cdef Py_ssize_t pos = 0, i
+        cdef int64_t off
         cdef const char *p
         if self.size == 0:
             return -1
         p = self._map.base
-        if self.tix_n:
-            i = np.searchsorted(self.tix_ts[:self.tix_n], timestamp, side="left") - 1
-            if i >= 0:
-                # _locate walks to a real batch: compare it with the entry.
-                pos = self._locate(self.tix_off[i])
-                if (pos < 0 or load_i64(p + pos + BASE_OFFSET_OFFSET) != self.tix_off[i]
-                        or load_i64(p + pos + PUBLISH_TIME_OFFSET) != self.tix_ts[i]):
-                    self.index_faults += 1
-                    pos = 0
+        i = self.index.time_before(timestamp)
+        if i >= 0:
+            # _locate walks to a real batch: compare it with the entry.
+            off = self.index.time_offset_at(i)
+            pos = self._locate(off)
+            if (pos < 0 or load_i64(p + pos + BASE_OFFSET_OFFSET) != off
+                    or load_i64(p + pos + PUBLISH_TIME_OFFSET) != self.index.time_at(i)):
+                self.index_faults += 1
+                pos = 0
         pos = self._good_from(pos, load_i64(p + pos + BASE_OFFSET_OFFSET) if pos else self.base_offset)
         while pos < self.size:
             if load_i64(p + pos + PUBLISH_TIME_OFFSET) >= timestamp:
@@ -951,15 +887,14 @@ cdef class Segment(Budgeted):
         (CRC and offsets) of the batch there, since bytes inside a message
         may look like a header. Entries this process made need none; each
         loaded one is checked once."""
-        cdef Py_ssize_t pos = self.idx_pos[i]
-        cdef unsigned char[::1] ok = self.idx_ok
-        if ok[i]:
+        cdef Py_ssize_t pos = self.index.position_at(i)
+        if self.index.checked(i):
             return True
         if pos < 0 or pos + HEADER_SIZE > self.size or pos % 8:
             return False
-        if check_batch(self._map.base + pos, self.size - pos, self.idx_off[i], True, NULL) is not None:
+        if check_batch(self._map.base + pos, self.size - pos, self.index.offset_at(i), True, NULL) is not None:
             return False
-        ok[i] = 1
+        self.index.mark_checked(i)
         return True
 
     cdef int _pin(self) except -1:
