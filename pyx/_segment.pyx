@@ -24,16 +24,12 @@ full disk it reserves just what the batch needs; a full disk is a
 end unchanged. Reserved bytes read as zeros, so the end of the batches is
 found as before.
 
-Open files are a budget (:class:`SegmentBudget`): a segment holds a
-descriptor and a mapping only while it is among the ``limit`` most
-recently used of its budget (a CLOCK approximation of LRU); an idle one is
-parked (descriptor closed, mapping dropped) and reopened by its next use.
-A use in progress (``users``) is never parked, and a parked mapping that
-an Arrow array or a memoryview still exports stays mapped until the last
-one is released (``txmq._mapping``), so eviction never invalidates a value
-a caller holds. A reopened segment keeps its indexes and quarantined
-ranges, and its new mapping is guarded against a file truncated under it
-like the first one.
+Open files are a budget (``txmq._budget``): an idle segment is parked
+(descriptor closed, mapping dropped) and reopened by its next use; a use
+in progress is never parked, and a mapping an Arrow array or a memoryview
+still exports stays mapped until released (``txmq._mapping``). A reopened
+segment keeps its indexes and quarantined ranges, and its new mapping is
+guarded against a file truncated under it like the first one.
 
 Each message byte is copied once, from the caller's buffers into the page
 cache behind the mapping, by one of two sinks. A fresh page of a shared
@@ -50,17 +46,9 @@ The indexes (offset to position, publish time to offset) are sparse, one
 entry per ``index_interval`` bytes, and derived: an entry is trusted only
 once the batch it names passed a full check.
 
-Quarantine: bytes that fail their checks in the middle of a segment (a
-flipped byte, a bad length) are not cut together with the good batches
-after them. :meth:`Segment.find_batch` scans forward, 8 bytes at a time and
-never past the mapped bytes it is given, for the next batch whose header
-and CRC check with a base offset at or past the one expected; the bytes in
-between become a quarantined range ``(position, end position, first
-offset, end offset, reason)``. Every walk over the batches hops a
-quarantined range, so its offsets read as lost and everything around it
-reads as before. Ranges are found by recovery (``recover(quarantine=True)``)
-or, below a recovery point, by the first read that meets the bad bytes, and
-may be given back from the partition's quarantine file (:meth:`quarantine_add`).
+Quarantine (``txmq._quarantine``): bad bytes in the middle of a segment
+are skipped by every walk, their offsets lost, the batches around them
+kept; :meth:`Segment.find_batch` finds where the sound batches resume.
 
 Bounds: every position read from a file goes through ``check_batch`` before
 it is dereferenced, so this module turns off Cython's own checks.
@@ -84,6 +72,7 @@ from _batch_layout cimport *
 from txmq._mapping cimport Mapping
 from txmq._budget cimport Budget, Budgeted
 from txmq._sparse_index cimport SparseIndex
+from txmq._quarantine cimport QuarantineRanges
 from txmq._budget import default_budget
 from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, batch_info,
                           decode_batch, arrow_views)
@@ -166,10 +155,7 @@ cdef class Segment(Budgeted):
     cdef Py_ssize_t verified_from
     cdef SparseIndex index                          # offset and time indexes, in memory
     cdef public Py_ssize_t index_faults             # index entries found wrong and bypassed
-    # Quarantined ranges, by position: (pos, end pos, first offset, end
-    # offset, reason). Empty for a sound segment, so walks test nq first.
-    cdef list quarantine
-    cdef Py_ssize_t nq
+    cdef QuarantineRanges quarantine               # quarantined byte ranges (txmq._quarantine)
 
     def __init__(self, path, int64_t base_offset, Py_ssize_t capacity, bint writable,
                  Py_ssize_t index_interval=4096, Budget budget=None):
@@ -180,8 +166,7 @@ cdef class Segment(Budgeted):
         self.writable = writable
         self.fd = -1
         self.index = SparseIndex(index_interval)
-        self.quarantine = []
-        self.nq = 0
+        self.quarantine = QuarantineRanges()
         flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
         fd = os.open(self.path, flags, 0o644)
         try:
@@ -486,7 +471,7 @@ cdef class Segment(Budgeted):
         # its reservation): the scan stops there.
         limit = min(self._map.size, os.fstat(self.fd).st_size)
         while pos < limit:
-            if self.nq:
+            if self.quarantine.n:
                 pos = self._hop(pos, &expected)
                 if pos >= limit:
                     break
@@ -503,7 +488,7 @@ cdef class Segment(Budgeted):
                     if quarantine and (cut_from < 0 or pos < cut_from) else None
                 if found is None:
                     break
-                self._add_quarantine(pos, found[0], expected, found[1], reason)
+                self.quarantine.add(pos, found[0], expected, found[1], reason)
                 expected = found[1]
                 pos = found[0]
                 reason = None
@@ -584,24 +569,13 @@ cdef class Segment(Budgeted):
         finally:
             self._unuse()
 
-    cdef _add_quarantine(self, Py_ssize_t pos, Py_ssize_t end_pos, int64_t first, int64_t end, str reason):
-        cdef Py_ssize_t i = 0
-        for entry in self.quarantine:
-            if entry[0] == pos:
-                return
-            if entry[0] > pos:
-                break
-            i += 1
-        self.quarantine.insert(i, (pos, end_pos, first, end, reason))
-        self.nq = len(self.quarantine)
-
     def quarantine_add(self, Py_ssize_t pos, Py_ssize_t end_pos, int64_t first, int64_t end, str reason):
         """Quarantine bytes [pos, end_pos) holding offsets [first, end):
         a range found before (the partition's quarantine file) or one that
         ends the segment (its batches stop short of the next segment)."""
         if not (0 <= pos <= end_pos and first <= end):
             raise ValueError(f"bad quarantine range {pos}..{end_pos}, offsets {first}..{end}")
-        self._add_quarantine(pos, end_pos, first, end, reason)
+        self.quarantine.add(pos, end_pos, first, end, reason)
         if end_pos > self.size:
             self.size = end_pos
         if end > self.next_offset:
@@ -610,24 +584,12 @@ cdef class Segment(Budgeted):
     def quarantined(self):
         """The quarantined ranges, by position: (position, end position,
         first offset, end offset, reason)."""
-        return list(self.quarantine)
+        return self.quarantine.list()
 
     cdef Py_ssize_t _hop(self, Py_ssize_t pos, int64_t *expected):
         """``pos``, or the end of the quarantined range(s) starting there
         (``expected`` moves to the offset after them)."""
-        cdef bint moved = True
-        while moved:
-            moved = False
-            for entry in self.quarantine:
-                if entry[0] == pos and entry[1] >= pos:
-                    if self.verified_end == pos:
-                        self.verified_end = entry[1]
-                    pos = entry[1]
-                    if expected != NULL:
-                        expected[0] = entry[3]
-                    moved = entry[1] > entry[0]
-                    break
-        return pos
+        return self.quarantine.hop(pos, expected, &self.verified_end)
 
     cdef Py_ssize_t _good_from(self, Py_ssize_t pos, int64_t expected) except -2:
         """The position of the first sound batch at or after ``pos``, which
@@ -637,7 +599,7 @@ cdef class Segment(Budgeted):
         cdef str reason
         cdef bint verify
         while True:
-            if self.nq:
+            if self.quarantine.n:
                 pos = self._hop(pos, &expected)
             if pos >= self.size:
                 return self.size
@@ -653,9 +615,9 @@ cdef class Segment(Budgeted):
                 return pos
             found = self._find_batch(pos + 8, expected + 1, self.size)
             if found is None or found[1] >= self.next_offset:
-                self._add_quarantine(pos, self.size, expected, self.next_offset, reason)
+                self.quarantine.add(pos, self.size, expected, self.next_offset, reason)
                 return self.size
-            self._add_quarantine(pos, found[0], expected, found[1], reason)
+            self.quarantine.add(pos, found[0], expected, found[1], reason)
 
     def first_position(self):
         """The position of the segment's first sound batch, past quarantined
@@ -689,7 +651,7 @@ cdef class Segment(Budgeted):
         try:
             self.index.clear()
             while pos < self.size:
-                if self.nq:
+                if self.quarantine.n:
                     pos = self._hop(pos, NULL)
                     if pos >= self.size:
                         break
@@ -712,7 +674,7 @@ cdef class Segment(Budgeted):
         self._pin()
         try:
             while pos < self.size:
-                if self.nq:
+                if self.quarantine.n:
                     pos = self._hop(pos, &expected)
                     if pos >= self.size:
                         break
@@ -721,7 +683,7 @@ cdef class Segment(Budgeted):
                     return (pos, reason)
                 expected += load_i32(self._map.base + pos + COUNT_OFFSET)
                 pos += load_u32(self._map.base + pos + LENGTH_OFFSET)
-            if self.nq:
+            if self.quarantine.n:
                 self._hop(pos, &expected)
             if expected != self.next_offset:
                 return (pos, f"batches end at offset {expected}, segment claims {self.next_offset}")
@@ -753,9 +715,7 @@ cdef class Segment(Budgeted):
 
     cdef _truncate_at(self, Py_ssize_t pos, int64_t next_offset):
         self.index.truncate(pos, next_offset)
-        if self.nq:
-            self.quarantine = [q for q in self.quarantine if q[0] < pos]
-            self.nq = len(self.quarantine)
+        self.quarantine.drop_from(pos)
         # Shrinking the file frees the tail's blocks; the next reservation
         # brings back zeros.
         os.ftruncate(self.fd, pos)
@@ -803,7 +763,7 @@ cdef class Segment(Budgeted):
             pos = ix.position_at(ix.n - 1)
         p = self._map.base
         while True:
-            if self.nq:
+            if self.quarantine.n:
                 pos = self._hop(pos, NULL)
             if not (pos + HEADER_SIZE <= self.size and check_batch(p + pos, self.size - pos, -1, False, NULL) is None):
                 break
