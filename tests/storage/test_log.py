@@ -6,7 +6,8 @@ survives a reopen."""
 import os
 
 from txmq._batch import BatchSpec
-from txmq._segment import RESERVE_MIN_BYTES, Segment
+from txmq._segment import Segment
+from txmq._segment_file import RESERVE_MIN_BYTES
 from txmq.storage.partition import Partition
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from txmq._batch import BatchSpec
 from txmq._budget import SegmentBudget
-from txmq._segment import RESERVE_MIN_BYTES, Segment, SegmentClosedError
+from txmq._segment import Segment, SegmentClosedError
+from txmq._segment_file import RESERVE_MIN_BYTES
 from txmq.batcharrow import batch_arrays
 from txmq.errors import CorruptLogError
 from txmq.storage.partition import Partition
