@@ -22,7 +22,7 @@ import txmq
 import txmq.readonly as readonly
 from txmq.cli import exits, opening, output
 from txmq.cli import main
-from damage import flip
+from damage import batch_positions, flip
 
 PY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
 BENCH_DIR = os.path.join(os.path.dirname(PY_DIR), "bench")
@@ -625,14 +625,8 @@ def _segment(path):
     return os.path.join(path, "topics", "t", "0", f"{0:020d}.log")
 
 
-def _batch_positions(seg):
-    with open(seg, "rb") as f:
-        raw = f.read()
-    pos, out = 0, []
-    while pos + 16 <= len(raw) and raw[pos:pos + 4] == b"TXMB":
-        out.append(pos)
-        pos += struct.unpack_from("<I", raw, pos + 12)[0]
-    return out
+def _starts(seg):
+    return [pos for pos, _, _ in batch_positions(seg)]
 
 
 def _frame_positions(log):
@@ -667,7 +661,7 @@ def test_check_clean_directory(capsys, monkeypatch, logs, data):
 
 def test_check_flipped_byte_in_a_batch(capsys, logs):
     seg = _segment(logs)
-    positions = _batch_positions(seg)
+    positions = _starts(seg)
     target = positions[7]
     flip(seg, target + 100)                      # inside the 8th batch's sections
     before = _tree(logs)
@@ -685,7 +679,7 @@ def test_check_flipped_byte_in_a_batch(capsys, logs):
 
 def test_check_segment_truncated_mid_batch(capsys, logs):
     seg = _segment(logs)
-    positions = _batch_positions(seg)
+    positions = _starts(seg)
     cut = positions[-3] + 40                      # inside the header of the third batch from the end
     os.truncate(seg, cut)
     code, problems = _problems(capsys, logs)

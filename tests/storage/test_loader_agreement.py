@@ -27,7 +27,7 @@ from txmq.errors import CorruptLogError
 from txmq.storage.layout import RECOVERY_POINT_FILE, parse_recovery_point, segment_bases
 from txmq.storage.partition import Partition
 from txmq.transactions.records import TxnID, TxnMeta
-from damage import flip
+from damage import batch_positions, flip
 
 pytestmark = pytest.mark.usefixtures("no_debug")
 
@@ -110,14 +110,8 @@ def _recovery_point(pdir):
         return parse_recovery_point(path, f.read(), segment_bases(pdir))
 
 
-def _batch_positions(seg):
-    with open(seg, "rb") as f:
-        raw = f.read()
-    pos, out = 0, []
-    while pos + 16 <= len(raw) and raw[pos:pos + 4] == b"TXMB":
-        out.append(pos)
-        pos += struct.unpack_from("<I", raw, pos + 12)[0]
-    return out
+def _starts(seg):
+    return [pos for pos, _, _ in batch_positions(seg)]
 
 
 # -- the damage --------------------------------------------------------------------
@@ -132,19 +126,19 @@ def gap(pdir):
 def torn_tail(pdir):
     """The last segment ends inside a batch header."""
     seg = os.path.join(pdir, _bases(pdir)[-1])
-    os.truncate(seg, _batch_positions(seg)[-2] + 40)
+    os.truncate(seg, _starts(seg)[-2] + 40)
 
 
 def torn_sealed_segment(pdir):
     """A sealed segment below the recovery point lost its last batch's tail."""
     seg = os.path.join(pdir, _bases(pdir)[1])
-    os.truncate(seg, _batch_positions(seg)[-1] + 40)
+    os.truncate(seg, _starts(seg)[-1] + 40)
 
 
 def flipped_byte(pdir):
     """A byte inside a batch of the first (sealed, trusted) segment."""
     seg = os.path.join(pdir, _bases(pdir)[0])
-    flip(seg, _batch_positions(seg)[3] + 100)
+    flip(seg, _starts(seg)[3] + 100)
 
 
 def flipped_byte_bad_recovery_point(pdir):
@@ -158,7 +152,7 @@ def flipped_last_batch(pdir):
     """A byte inside the last batch of the active segment: below the
     recovery point of a clean close, past that of a writer that died."""
     seg = os.path.join(pdir, _bases(pdir)[-1])
-    flip(seg, _batch_positions(seg)[-1] + 70)
+    flip(seg, _starts(seg)[-1] + 70)
 
 
 def bad_index(pdir):
@@ -174,7 +168,7 @@ def bad_index_and_flipped_byte(pdir):
     which finds a batch that fails its CRC below the recovery point."""
     bad_index(pdir)
     seg = os.path.join(pdir, _bases(pdir)[1])
-    flip(seg, _batch_positions(seg)[2] + 100)
+    flip(seg, _starts(seg)[2] + 100)
 
 
 def bad_active_index_and_flipped_byte(pdir):
@@ -185,7 +179,7 @@ def bad_active_index_and_flipped_byte(pdir):
     with open(stem + ".index", "r+b") as f:
         f.seek(8)
         f.write(struct.pack("<q", 8))                 # not a batch boundary
-    flip(stem + ".log", _batch_positions(stem + ".log")[0] + 70)
+    flip(stem + ".log", _starts(stem + ".log")[0] + 70)
 
 
 def bad_snapshot(pdir):

@@ -16,7 +16,7 @@ import txmq
 from txmq import readonly
 from txmq.cli.app import main
 from txmq.errors import DataLossError
-from damage import flip
+from damage import batch_positions, flip
 
 PARTITIONS = 4
 PER_PARTITION = 400
@@ -27,14 +27,6 @@ def no_debug(monkeypatch):
     monkeypatch.delenv("TXMQ_DEBUG", raising=False)
 
 
-def _batch_positions(seg):
-    raw = open(seg, "rb").read()
-    pos, out = 0, []
-    while pos + 88 <= len(raw) and raw[pos:pos + 4] == b"TXMB":
-        out.append((pos, int.from_bytes(raw[pos + 16:pos + 24], "little"),
-                    int.from_bytes(raw[pos + 24:pos + 28], "little")))
-        pos += int.from_bytes(raw[pos + 12:pos + 16], "little")
-    return out
 
 
 @pytest.fixture
@@ -50,7 +42,7 @@ def damaged(tmp_path, no_debug):
             for q in range(PARTITIONS):
                 p.send(b"m-%d-%d" % (q, i) + b"x" * 40, partition=q)
     seg = os.path.join(path, "topics", "t", "0", "0" * 20 + ".log")
-    batches = _batch_positions(seg)
+    batches = batch_positions(seg)
     pos, base, count = batches[len(batches) // 2]
     assert base > 50
     flip(seg, pos + 100)
@@ -179,7 +171,7 @@ def test_never_gap_after_a_roll_keeps_the_consistent_prefix(tmp_path, no_debug):
     pdir = os.path.join(path, "topics", "t", "0")
     segs = sorted(n for n in os.listdir(pdir) if n.endswith(".log"))
     older = os.path.join(pdir, segs[-2])
-    batches = _batch_positions(older)
+    batches = batch_positions(older)
     keep_pos, keep_base, _ = batches[len(batches) // 2]
     size = os.path.getsize(older)
     with open(older, "r+b") as f:                   # write-back never reached these pages
@@ -209,7 +201,7 @@ def test_gap_in_a_durable_log_is_quarantined(tmp_path, no_debug):
     pdir = os.path.join(path, "topics", "t", "0")
     segs = sorted(n for n in os.listdir(pdir) if n.endswith(".log"))
     older = os.path.join(pdir, segs[-2])
-    keep_pos, keep_base, _ = _batch_positions(older)[3]
+    keep_pos, keep_base, _ = batch_positions(older)[3]
     os.truncate(older, keep_pos)
     with txmq.Broker(path, fsync="commit") as b:
         c = b.subscribe("t", "s", "exclusive", initial_position="earliest")   # opens the partition
@@ -253,7 +245,7 @@ def test_never_a_torn_batch_past_the_recovery_point_ends_the_log(tmp_path, no_de
     finally:
         part.close()
     seg = str(tmp_path / "lost" / ("0" * 20 + ".log"))
-    (first, _, _), (second, _, _), _ = _batch_positions(seg)
+    (first, _, _), (second, _, _), _ = batch_positions(seg)
     with open(seg, "r+b") as f:                     # a page of the first batch never written back
         f.seek(first + 2048)
         f.write(b"\0" * (second - first - 2048))
