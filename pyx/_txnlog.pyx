@@ -18,13 +18,15 @@ TC_BEGIN, TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION = 2, 3, 4
 TC_COMMITTING, TC_ABORTING, TC_COMMITTED, TC_ABORTED = 5, 6, 7, 8
 TC_PRODUCER = 9          # a transactional id's (producer id, epoch)
 TC_DECIDED = 10          # COMMITTING with what the commit covers (txmq.transactions.decision)
+TC_PREPARED = 11         # PREPARED: durable, held until commit_prepared / abort_prepared; names what it covers
+TC_FORGET = 12           # the outcome of an ended prepared transaction is no longer kept
 # Frame types of the producer registry (producers.log).
 PR_BLOCK, PR_NAME = 2, 3
 # Frame types of a pending-ack log.
 PA_ACK, PA_CUMULATIVE, PA_COMMIT, PA_ABORT = 2, 3, 4, 5
 
 # Transaction states as stored in a coordinator snapshot.
-OPEN, COMMITTING, ABORTING, COMMITTED, ABORTED = 0, 1, 2, 3, 4
+OPEN, COMMITTING, ABORTING, COMMITTED, ABORTED, PREPARED = 0, 1, 2, 3, 4, 5
 
 
 def pack_txn(uint64_t hi, uint64_t lo):
@@ -38,7 +40,7 @@ cdef tuple _read_txn(Reader r):
     return (hi, r.u64())
 
 
-def replay_coordinator(frames, path=None, records=None):
+def replay_coordinator(frames, path=None, records=None, prepared=None):
     """State of a coordinator log from its frames (the last SNAPSHOT on).
 
     Returns ``(next_lo, txns, tids)``: the lowest sequence word never used,
@@ -60,8 +62,14 @@ def replay_coordinator(frames, path=None, records=None):
     are stored there under the transaction's words, also once the
     transaction is COMMITTED (recovery checks every decision the log still
     holds), and a SNAPSHOT's records of decided transactions likewise.
+
+    A PREPARED frame leaves its transaction in state PREPARED and stores
+    its record the same way; with ``prepared`` (a dict) every prepared
+    transaction whose outcome the log keeps is there as ``{(hi, lo):
+    [prepared_ms, xid, outcome]}``, ``outcome`` PREPARED while it is, then
+    COMMITTED or ABORTED (kept across snapshots until a FORGET frame).
     """
-    cdef dict txns = {}, tids = {}
+    cdef dict txns = {}, tids = {}, kept = {} if prepared is None else prepared
     cdef uint64_t next_lo = 0, lo
     cdef uint32_t n, k, j
     cdef Reader r = Reader(path, "coordinator frame of type")
@@ -104,6 +112,15 @@ def replay_coordinator(frames, path=None, records=None):
                     record = r.read(r.u32())
                     if records is not None:
                         records[key] = record
+            kept.clear()
+            if r.pos < r.end:        # ... and before prepared transactions here
+                for k in range(r.u32()):
+                    key = _read_txn(r)
+                    state = r.u8()
+                    if state not in (PREPARED, COMMITTED, ABORTED):
+                        r.fail(r.pos - 1, f"prepared outcome {state}")
+                    prepared_ms = r.i64()
+                    kept[key] = [prepared_ms, r.text(), state]
         elif kind == TC_PRODUCER:
             tid = r.text()
             pid = r.i64()
@@ -127,47 +144,61 @@ def replay_coordinator(frames, path=None, records=None):
             if entry[4] is None:
                 entry[4] = set()
             entry[4].add((topic, r.text()))
-        elif kind == TC_COMMITTING:
-            _txn_entry(txns, r)[0] = COMMITTING
+        elif kind == TC_COMMITTING or kind == TC_ABORTING:
+            key, entry = _keyed_entry(txns, r)
+            entry[0] = COMMITTING if kind == TC_COMMITTING else ABORTING
+            if key in kept:          # (a prepared transaction's decision: its outcome)
+                kept[key][2] = COMMITTED if kind == TC_COMMITTING else ABORTED
         elif kind == TC_DECIDED:
-            key = _read_txn(r)
-            entry = txns.get(key)
-            if entry is None:
-                r.fail(0, f"frame for transaction {key} before its BEGIN")
+            key, entry = _keyed_entry(txns, r)
             entry[0] = COMMITTING
-            record = r.read(r.end - r.pos)
-            if records is not None:
-                records[key] = record
-        elif kind == TC_ABORTING:
-            _txn_entry(txns, r)[0] = ABORTING
-        elif kind == TC_COMMITTED:
-            entry = _txn_entry(txns, r)
-            entry[0] = COMMITTED
+            _decision_of(r, key, records)
+        elif kind == TC_PREPARED:
+            key, entry = _keyed_entry(txns, r)
+            entry[0] = PREPARED
+            prepared_ms = r.i64()
+            kept[key] = [prepared_ms, r.text(), PREPARED]
+            _decision_of(r, key, records)
+        elif kind == TC_FORGET:
+            kept.pop(_read_txn(r), None)
+        elif kind == TC_COMMITTED or kind == TC_ABORTED:
+            key, entry = _keyed_entry(txns, r)
+            entry[0] = COMMITTED if kind == TC_COMMITTED else ABORTED
             entry[3] = entry[4] = None      # only the outcome is needed now
-        elif kind == TC_ABORTED:
-            entry = _txn_entry(txns, r)
-            entry[0] = ABORTED
-            entry[3] = entry[4] = None
         else:
             r.fail(-1, "unknown frame type")
         r.done()
     return next_lo, txns, tids
 
 
+cdef int _decision_of(Reader r, tuple key, dict records) except -1:
+    """The rest of the frame is the decision record of ``key``."""
+    record = r.read(r.end - r.pos)
+    if records is not None:
+        records[key] = record
+    return 0
+
+
 cdef list _txn_entry(dict txns, Reader r):
     """The entry of the transaction whose id ``r`` reads next."""
+    return _keyed_entry(txns, r)[1]
+
+
+cdef tuple _keyed_entry(dict txns, Reader r):
+    """(id, entry) of the transaction whose id ``r`` reads next."""
     cdef Py_ssize_t at = r.pos
     key = _read_txn(r)
     entry = txns.get(key)
     if entry is None:
         r.fail(at, f"frame for transaction {key} before its BEGIN")
-    return entry
+    return key, entry
 
 
-def encode_coordinator_snapshot(uint64_t next_lo, txns, tids=None, records=None):
+def encode_coordinator_snapshot(uint64_t next_lo, txns, tids=None, records=None, prepared=None):
     """SNAPSHOT payload: ``txns`` and ``tids`` as :func:`replay_coordinator`
-    returns them, and the decision ``records`` of decided transactions
-    ({words: bytes}; a snapshot keeps what their commits cover)."""
+    returns them, the decision ``records`` of decided and prepared
+    transactions ({words: bytes}; a snapshot keeps what their commits
+    cover), and ``prepared`` as :func:`replay_coordinator` fills it."""
     out = [packed_i64(<int64_t>next_lo), packed_u32(len(txns))]
     for (hi, lo), (state, timeout, start, parts, subs) in txns.items():
         out.append(packed_txn(hi, lo) + bytes([state]) + packed_i64(timeout) + packed_i64(start))
@@ -183,11 +214,21 @@ def encode_coordinator_snapshot(uint64_t next_lo, txns, tids=None, records=None)
     out.append(packed_u32(len(tids)))
     for tid, (pid, epoch) in tids.items():
         out.append(encode_text(tid) + packed_i64(pid) + pack_i16(epoch))
-    if records:
+    if records or prepared:
+        records = records or {}
         out.append(packed_u32(len(records)))
         for (hi, lo), record in records.items():
             out.append(packed_txn(hi, lo) + packed_u32(len(record)) + record)
+    if prepared:
+        out.append(packed_u32(len(prepared)))
+        for (hi, lo), (prepared_ms, xid, outcome) in prepared.items():
+            out.append(packed_txn(hi, lo) + bytes([outcome]) + packed_i64(prepared_ms) + encode_text(xid))
     return b"".join(out)
+
+
+def encode_prepared(int64_t prepared_ms, str xid, bytes record):
+    """TC_PREPARED payload after the transaction id."""
+    return packed_i64(prepared_ms) + encode_text(xid) + record
 
 
 def encode_producer(str tid, int64_t pid, int epoch):

@@ -527,7 +527,7 @@ def test_read_commands_on_a_directory_another_process_holds(capsys, data):
         code, out, _ = run(capsys, "transactions", "list", data)
         assert code == 0
         head, row = out.splitlines()
-        assert row.split()[:2] == [txn, "OPEN"] and row.split()[-2:] == ["orders/0", "-"]
+        assert row.split()[:2] == [txn, "OPEN"] and row.split()[-4:] == ["orders/0", "-", "-", "orders/0"]
         code, out, _ = run(capsys, "transactions", "describe", data, txn, "--json")
         described = json.loads(out)
         assert code == 0 and described["blocking"] == ["orders/0"] and described["timeout_s"] == 600

@@ -37,11 +37,11 @@ import time
 
 from txmq.client.consumer import Consumer
 from txmq._crc32c import crc32c_of
-from txmq._txnlog import COMMITTED, COMMITTING, OPEN
+from txmq._txnlog import COMMITTED, COMMITTING, OPEN, PREPARED
 from txmq.transactions import decision
 from txmq.transactions.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, CorruptLogError, DataDirError, DataDirLockedError, InvalidArgumentError,
-                         InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
+                         InvalidTxnStateError, InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
                          SubscriptionBusyError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
                          TopicExistsError, TopicNotFoundError, TransactionNotFoundError)
@@ -94,7 +94,11 @@ class Broker:
 
     Transactions: ``num_coordinators`` transaction coordinators (default 4)
     share new transactions round-robin; ``transaction_timeout_max`` seconds
-    (default 900) bounds the timeout a transaction may ask for.
+    (default 900) bounds the timeout a transaction may ask for. A prepared
+    transaction (:meth:`Transaction.prepare`) waits for its commit or
+    abort however long that takes, unless ``prepared_timeout`` seconds are
+    set (default None: for ever): the broker then aborts one prepared that
+    long ago.
 
     Producers: ``producer_id_expiration`` seconds (default 7 days) after its
     last batch, a partition forgets a producer id's sequences. One-message
@@ -129,7 +133,8 @@ class Broker:
                  transaction_timeout_max: float = 900.0, producer_id_expiration: float = 7 * 24 * 3600.0,
                  half_check_interval: float = 60.0, half_check_immunity: float = 6.0, half_max_checks: int = 15,
                  half_retention: float = 3 * 24 * 3600.0, control_socket: bool = True,
-                 linger_ms: int = 5, batch_bytes: int = 64 * 1024, open_files_max: int | None = None):
+                 linger_ms: int = 5, batch_bytes: int = 64 * 1024, open_files_max: int | None = None,
+                 prepared_timeout: float | None = None):
         self.path = datadir.resolve(path)
         self._closed = True
         # Every option is checked before the directory is touched.
@@ -157,6 +162,8 @@ class Broker:
         batch_bytes = int_option("batch_bytes", batch_bytes, 1, INT32_MAX)
         self._batching = SendBatching(linger_ms, batch_bytes)
         open_files_max = open_files_option(open_files_max)
+        self.prepared_timeout = seconds_option("prepared_timeout", prepared_timeout, 0.0, above=True,
+                                               maximum=TIMEOUT_MAX_SECONDS, optional=True)
         self.fsync = fsync
         self.num_coordinators = num_coordinators
         self.transaction_timeout_max = transaction_timeout_max
@@ -265,7 +272,8 @@ class Broker:
         existing = [int(n[3:-4]) for n in os.listdir(cdir)
                     if n.startswith("tc-") and n.endswith(".log") and n[3:-4].isdigit()]
         count = max([self.num_coordinators] + [i + 1 for i in existing])
-        self._coordinators = [TransactionCoordinator(self, i, os.path.join(cdir, f"tc-{i}.log"), self.fsync)
+        self._coordinators = [TransactionCoordinator(self, i, os.path.join(cdir, f"tc-{i}.log"), self.fsync,
+                                                     self.prepared_timeout)
                               for i in range(count)]
         logged = {}                                # (hi, lo) -> entry, every coordinator
         records = {}                               # (hi, lo) -> decision record
@@ -292,7 +300,10 @@ class Broker:
                 t = self._topics.get(topic)
                 if t is not None and index < len(t.partitions):
                     t.open_partition(index)
-        self._repair({w: r for w, r in records.items() if commits(w)})
+        # A prepared transaction stays as it was: its outputs and acks held.
+        prepared = {w: e for w, e in logged.items() if e[0] == PREPARED}
+        self._repair({w: r for w, r in records.items() if commits(w)},
+                     {w: records[w] for w in prepared if w in records})
         partitions = [p for t in self._topics.values() for p in t.opened()]
         subs = [s for t in self._topics.values() for s in t.subscriptions.values()]
         ended = self.recovered_transactions
@@ -302,10 +313,13 @@ class Broker:
                 self._saw(TxnID.from_words(hi, lo))
         held = [(p, TxnID.from_words(hi, lo)) for p in partitions for hi, lo, _, _ in p.ongoing.entries()]
         held += [(s.pending_acks, txn_id) for s in subs for txn_id in s.pending_acks.pending_txns()]
+        held = [(x, txn_id) for x, txn_id in held if txn_id.words not in prepared]
         for participant, txn_id in held:
             self._saw(txn_id)
             commit = outcomes[txn_id] = commits(txn_id.words)
             participant.end_txn(txn_id, commit)
+        for words, entry in prepared.items():
+            self._restore_prepared(words, entry, records.get(words))
         for commit in outcomes.values():
             ended["committed" if commit else "aborted"] += 1
         # Durable outcomes (markers, cursor frames) before the logs forget them.
@@ -316,31 +330,55 @@ class Broker:
         if self.fsync != "never":
             sync_dir(cdir)
 
-    def _repair(self, records: dict) -> None:
+    def _repair(self, records: dict, prepared: dict) -> None:
         """Check the partitions and subscriptions against the decision
-        records of committed transactions ({words: record}) and put back
-        what a power loss took from them: batches from their copies, acks
-        from their ranges (txmq.transactions.decision)."""
+        records of committed and of prepared transactions ({words:
+        record}) and put back what a power loss took from them: batches
+        from their copies, acks from their ranges (txmq.transactions.decision)
+        — into the cursors for a commit, held again as pending acks for a
+        prepared transaction."""
         batches, acks = {}, []
-        for words, raw in records.items():
-            tc = self._coordinators[TxnID.from_words(*words).coordinator]
-            found = decision.decode(raw, tc.log.path)
-            for key, refs in found.partitions.items():
-                batches.setdefault(key, []).extend(tuple(b) for b in refs)
-            acks += found.acks
+        for held, found_in in ((False, records), (True, prepared)):
+            for words, raw in found_in.items():
+                txn_id = TxnID.from_words(*words)
+                found = decision.decode(raw, self._coordinators[txn_id.coordinator].log.path)
+                for key, refs in found.partitions.items():
+                    batches.setdefault(key, []).extend(tuple(b) for b in refs)
+                acks += [(txn_id if held else None, a) for a in found.acks]
         problems = []
         for (topic, index), refs in batches.items():
             t = self._topics.get(topic)
             if t is not None and index < len(t.partitions):
                 problems += t.open_partition(index).repair(refs)
-        for a in acks:
+        for txn_id, a in acks:
             t = self._topics.get(a.topic)
             sub = None if t is None else t.subscriptions.get(a.subscription)
-            if sub is not None:
+            if sub is None:
+                continue
+            if txn_id is None:
                 sub.pending_acks.redo_commit(a.partition, a.cumulative, a.ranges)
+            else:
+                sub.pending_acks.redo_prepare(txn_id, a.partition, a.cumulative, a.ranges)
         for problem in problems:
             log.warning("txmq: %s", problem)
         self.problems_on_open += problems
+
+    def _restore_prepared(self, words: tuple, entry: list, record) -> None:
+        """Recovery: a transaction its coordinator log holds PREPARED is
+        live again, held by its participants that still exist."""
+        txn_id = TxnID.from_words(*words)
+        self._saw(txn_id)
+        participants = []
+        for topic, index in entry[3] or ():
+            t = self._topics.get(topic)
+            if t is not None and index < len(t.partitions):
+                participants.append(t.open_partition(index))
+        for topic, name in entry[4] or ():
+            t = self._topics.get(topic)
+            sub = None if t is None else t.subscriptions.get(name)
+            if sub is not None:
+                participants.append(sub.pending_acks)
+        self._coordinators[txn_id.coordinator].restore_prepared(words, entry, record, participants)
 
     def _partition_opened(self, p) -> None:
         """A partition opened after recovery (on first use): a transaction
@@ -353,6 +391,7 @@ class Broker:
         for hi, lo, _, _ in p.aborted.entries():
             self._saw(TxnID.from_words(hi, lo))
         held = [TxnID.from_words(hi, lo) for hi, lo, _, _ in p.ongoing.entries()]
+        held = [txn_id for txn_id in held if not self._is_prepared(txn_id)]
         for txn_id in held:
             self._saw(txn_id)
             p.end_txn(txn_id, False)
@@ -361,6 +400,12 @@ class Broker:
             p.flush()
         if self._producer_ids is not None:
             self._producer_ids.reserve_above(p.producers.max_producer_id())
+
+    def _is_prepared(self, txn_id: TxnID) -> bool:
+        """Whether ``txn_id`` is a live PREPARED transaction."""
+        tc = self._coordinators[txn_id.coordinator] if txn_id.coordinator < len(self._coordinators) else None
+        meta = None if tc is None else tc.txns.get(txn_id)
+        return meta is not None and meta.state is TxnState.PREPARED
 
     def _saw(self, txn_id: TxnID) -> None:
         if txn_id.coordinator < len(self._coordinators):
@@ -737,10 +782,103 @@ class Broker:
 
     def abort_transaction(self, txn_id) -> None:
         """Force-abort a live transaction (an operator's tool for one that
-        holds readers back); its owner's later calls fail."""
+        holds readers back); its owner's later calls fail. A PREPARED one
+        is refused (:class:`InvalidTxnStateError`): another party may hold
+        its outcome, so only :meth:`abort_prepared` ends it."""
         self._check_open()
         meta = self._meta(txn_id)
+        if meta.state is TxnState.PREPARED:
+            raise InvalidTxnStateError(meta.id, meta.state.value, "force-abort (abort_prepared ends a prepared "
+                                                                  "transaction)")
         self._coordinator_of(meta).end(meta, False, reason="forced")
+
+    # -- prepared transactions -------------------------------------------------------------
+
+    def prepared_transactions(self) -> list:
+        """Every PREPARED transaction (:meth:`Transaction.prepare`), oldest
+        first, as dicts: ``id``, ``xid``, ``prepared_ms`` (epoch) and
+        ``age_s`` (seconds since it was prepared), ``partitions``,
+        ``subscriptions``, and ``holds_back``: the partitions whose
+        read_committed readers it holds back (it is the oldest open
+        transaction there)."""
+        self._check_open()
+        metas = [m for tc in self._coordinators for m in list(tc.txns.values())
+                 if m.state is TxnState.PREPARED and m.prepared_ms is not None]
+        now = time.time_ns() // 1_000_000
+        out = []
+        for m in sorted(metas, key=lambda m: (m.prepared_ms, m.id)):
+            info = _txn_info(m)
+            info["age_s"] = round(max(0, now - m.prepared_ms) / 1000.0, 3)
+            info["holds_back"] = sorted(f"{t}/{i}" for (t, i), p in m.partitions.items()
+                                        if (p.blocked_by() or (None,))[0] == m.id)
+            out.append(info)
+        return out
+
+    def _prepared(self, txn_id, commit: bool):
+        """The live meta of prepared ``txn_id`` to commit or abort, or None
+        when it has already ended that way (its outcome kept)."""
+        self._check_open()
+        txn_id = TxnID.parse(txn_id)
+        tc = self._coordinators[txn_id.coordinator] if txn_id.coordinator < len(self._coordinators) else None
+        meta = None if tc is None else tc.txns.get(txn_id)
+        if meta is not None and meta.state is TxnState.PREPARED and meta.prepared_ms is not None:
+            return meta
+        outcome = None if tc is None else tc.prepared_outcome(txn_id)
+        if outcome is (TxnState.COMMITTED if commit else TxnState.ABORTED):
+            return None
+        doing = "commit_prepared" if commit else "abort_prepared"
+        if meta is not None:
+            raise InvalidTxnStateError(txn_id, meta.state.value, doing)
+        if outcome is not None:
+            raise InvalidTxnStateError(txn_id, outcome.value, doing)
+        raise TransactionNotFoundError(txn_id)
+
+    def commit_prepared(self, txn_id) -> None:
+        """Commit the PREPARED transaction ``txn_id`` (a TxnID, a
+        (coordinator, sequence) pair or ``"(tc,seq)"``), from any process
+        that owns the directory: its messages become visible and its acks
+        apply, as :meth:`Transaction.commit`; on return the commit is
+        durable. Committing one that already committed does nothing;
+        :class:`InvalidTxnStateError` if it aborted or is not prepared,
+        :class:`TransactionNotFoundError` if it is not known."""
+        meta = self._prepared(txn_id, True)
+        if meta is not None:
+            self._coordinator_of(meta).end(meta, True)
+
+    def abort_prepared(self, txn_id) -> None:
+        """Abort the PREPARED transaction ``txn_id``: its messages are
+        dropped and its acked messages delivered again; on return the abort
+        is durable. Aborting one that already aborted does nothing;
+        :class:`InvalidTxnStateError` if it committed or is not prepared,
+        :class:`TransactionNotFoundError` if it is not known."""
+        meta = self._prepared(txn_id, False)
+        if meta is not None:
+            self._coordinator_of(meta).end(meta, False)
+
+    def prepared_outcome(self, txn_id):
+        """``TxnState.PREPARED`` while ``txn_id`` is prepared, then
+        ``COMMITTED`` or ``ABORTED`` once decided (durable: applied at once,
+        or by recovery) until :meth:`forget_prepared`; None for a
+        transaction that was never prepared, or whose outcome was
+        forgotten. Another party's recovery asks this
+        (:mod:`txmq.twophase`)."""
+        self._check_open()
+        txn_id = TxnID.parse(txn_id)
+        if txn_id.coordinator >= len(self._coordinators):
+            return None
+        return self._coordinators[txn_id.coordinator].prepared_outcome(txn_id)
+
+    def forget_prepared(self, txn_id) -> bool:
+        """Stop keeping the outcome of the ended prepared transaction
+        ``txn_id`` (durably); False when none is kept.
+        :class:`InvalidTxnStateError` while it is still prepared. Outcomes
+        nobody forgets are dropped oldest first past 10,000 per
+        coordinator."""
+        self._check_open()
+        txn_id = TxnID.parse(txn_id)
+        if txn_id.coordinator >= len(self._coordinators):
+            return False
+        return self._coordinators[txn_id.coordinator].forget_prepared(txn_id)
 
     def _expire_transactions(self) -> None:
         for tc in self._coordinators[:self.num_coordinators]:
@@ -869,6 +1007,8 @@ class Broker:
             } for name, t in topics.items()},
             "transactions": {
                 "open": sum(len(tc.txns) for tc in self._coordinators),
+                "prepared": sum(1 for tc in self._coordinators for m in list(tc.txns.values())
+                                if m.state is TxnState.PREPARED),
                 "begun": sum(tc.stats["begun"] for tc in self._coordinators),
                 "committed": sum(tc.stats["committed"] for tc in self._coordinators),
                 "aborted": sum(tc.stats["aborted"] for tc in self._coordinators),
@@ -961,7 +1101,7 @@ def _name_bytes(what: str, name) -> bytes:
 
 
 def _txn_info(meta) -> dict:
-    return {
+    info = {
         "id": str(meta.id),
         "state": meta.state.value,
         "age_s": round(time.monotonic() - (meta.deadline - meta.timeout), 3),
@@ -970,3 +1110,7 @@ def _txn_info(meta) -> dict:
         "partitions": sorted(f"{t}/{p}" for t, p in meta.partitions),
         "subscriptions": sorted(f"{t}/{s}" for t, s in meta.subscriptions),
     }
+    if meta.prepared_ms is not None:
+        info["xid"] = meta.xid
+        info["prepared_ms"] = meta.prepared_ms
+    return info

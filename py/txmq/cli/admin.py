@@ -233,7 +233,8 @@ def subscriptions_reset(args) -> int:
 # -- transactions ------------------------------------------------------------------------
 
 _TXN_COLUMNS = [("id", "id"), ("state", "state"), ("age_s", "age s"), ("timeout_s", "timeout s"),
-                ("partitions", "partitions"), ("subscriptions", "subscriptions")]
+                ("partitions", "partitions"), ("subscriptions", "subscriptions"), ("xid", "xid"),
+                ("holds_back", "holds back")]
 
 
 def transactions_list(args) -> int:
@@ -253,13 +254,11 @@ def transactions_describe(args) -> int:
     txn_id = parse_txn_id(args.txn)
     with opening.open_for_reading(args.dir, args.progress) as view:
         info = _live(view.transactions(), txn_id, "")
-        partitions = sorted(set(info["partitions"]))
-        info = dict(info, blocking=[name for name in partitions
-                                    if _blocked_by(view, *name.rsplit("/", 1)) == info["id"]])
+    info["blocking"] = info["holds_back"]      # (its name in this command's JSON before lists had it)
     if args.json:
         emit_json(info)
         return exits.OK
-    for key, title in _TXN_COLUMNS + [("started_ms", "started ms"), ("blocking", "holds back")]:
+    for key, title in _TXN_COLUMNS + [("started_ms", "started ms")]:
         value = info[key]
         print(f"{title + ':':<15} {', '.join(value) if isinstance(value, list) else value}"
               + (" (none)" if isinstance(value, list) and not value else ""))
@@ -289,6 +288,22 @@ def transactions_abort(args) -> int:
     return exits.OK
 
 
+def transactions_end_prepared(args) -> int:
+    """``commit-prepared`` / ``abort-prepared``: end a PREPARED transaction
+    as the directory's owner (opening it keeps prepared transactions)."""
+    txn_id = parse_txn_id(args.txn)
+    commit = args.action == "commit-prepared"
+    with opening.open_for_writing(args.dir, args.progress) as broker:
+        (broker.commit_prepared if commit else broker.abort_prepared)(txn_id)
+    how = "committed" if commit else "aborted"
+    if args.json:
+        emit_json({how: str(txn_id)})
+    else:
+        print(f"{how} prepared transaction {txn_id}: its messages are "
+              + ("visible and its acks applied" if commit else "dropped and its acks undone"))
+    return exits.OK
+
+
 def _live(txns: list, txn_id: TxnID, why: str) -> dict:
     """The entry of ``txn_id`` in ``txns`` (``transactions()`` of a view
     or a broker), else an error that lists the live ones."""
@@ -298,12 +313,6 @@ def _live(txns: list, txn_id: TxnID, why: str) -> dict:
     live = ", ".join(t["id"] for t in txns) or "none"
     raise exits.CliError(f"transaction {txn_id} is not live (live transactions: {live}); ended "
                          f"transactions are forgotten{why}")
-
-
-def _blocked_by(view, topic: str, partition: str):
-    if topic not in view.topics():
-        return None                 # deleted since the transaction wrote to it
-    return view.partition_stats(topic)[int(partition)]["blocked_by"]
 
 
 # -- stats -------------------------------------------------------------------------------

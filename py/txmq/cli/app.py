@@ -178,14 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=consume.consume)
 
     # transactions
-    t = sub.add_parser("transactions", help="list, describe or abort live transactions")
+    t = sub.add_parser("transactions", help="list, describe or abort live transactions; end prepared ones")
     ts = t.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = ts.add_parser("list", parents=both, help="live transactions")
     data_dir(p)
     p.set_defaults(run=admin.transactions_list)
     for action, helptext, run in (("describe", "one live transaction and what it holds back",
                                    admin.transactions_describe),
-                                  ("abort", "force-abort a live transaction", admin.transactions_abort)):
+                                  ("abort", "force-abort a live transaction", admin.transactions_abort),
+                                  ("commit-prepared", "commit a prepared transaction",
+                                   admin.transactions_end_prepared),
+                                  ("abort-prepared", "abort a prepared transaction",
+                                   admin.transactions_end_prepared)):
         p = ts.add_parser(action, parents=both, help=helptext)
         data_dir(p)
         p.add_argument("txn", metavar="TXN", help="transaction id, (tc,seq)")

@@ -120,17 +120,31 @@ class DirectoryView:
     def transactions(self) -> list:
         """The live transactions, as ``Broker.transactions()`` lists them
         (id, state, age_s, timeout_s, started_ms, partitions,
-        subscriptions), sorted by id; read once per command."""
+        subscriptions), sorted by id, each with ``xid`` (a prepared
+        transaction's global id, else None) and ``holds_back`` (the
+        partitions whose read_committed readers it holds back); a
+        prepared one's age counts from when it was prepared. Read once per
+        command."""
         if self._txns is None:
             with self._busy():
                 txns = self.ro.transactions()
-            now_ms = time.time() * 1000
-            self._txns = [{"id": t["id"], "state": t["state"],
-                           "age_s": round(max(0.0, now_ms - t["started_ms"]) / 1000, 3),
-                           "timeout_s": t["timeout_ms"] / 1000, "started_ms": t["started_ms"],
-                           "partitions": t["partitions"], "subscriptions": t["subscriptions"]}
-                          for t in sorted(txns, key=lambda t: TxnID.parse(t["id"]))]
+                now_ms = time.time() * 1000
+                self._txns = [{"id": t["id"], "state": t["state"],
+                               "age_s": round(max(0.0, now_ms - t.get("prepared_ms", t["started_ms"])) / 1000, 3),
+                               "timeout_s": t["timeout_ms"] / 1000, "started_ms": t["started_ms"],
+                               "partitions": t["partitions"], "subscriptions": t["subscriptions"],
+                               "xid": t.get("xid"),
+                               "holds_back": [name for name in t["partitions"]
+                                              if self._holder(*name.rsplit("/", 1)) == t["id"]]}
+                              for t in sorted(txns, key=lambda t: TxnID.parse(t["id"]))]
         return self._txns
+
+    def _holder(self, topic: str, partition: str):
+        """The transaction holding ``topic``/``partition``'s readers back,
+        or None (also when the topic was deleted since)."""
+        if topic not in self.topics():
+            return None
+        return _blocked_by(self.partition(topic, int(partition)))
 
     # -- the context ------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from concurrent.futures import Future
 from txmq.errors import InvalidArgumentError
 from txmq.transactions.records import TxnID, TxnState
 
+XID_BYTES_MAX = 0xFFFF      # a prepared transaction's global id, stored as a u16-length string
+
 
 class Transaction:
     """An open transaction. Create it with :meth:`txmq.Broker.new_transaction`
@@ -51,9 +53,12 @@ class Transaction:
         ``fsync="commit"`` / ``"always"``, a power loss (one flush, shared
         with concurrent commits: docs/GUARANTEES.md).
 
+        A PREPARED transaction (:meth:`prepare`) is committed as
+        :meth:`Broker.commit_prepared` commits it.
+
         Raises :class:`~txmq.errors.TransactionTimeoutError` if the
         transaction timed out, :class:`~txmq.errors.InvalidTxnStateError` if
-        it is not open, :class:`~txmq.errors.ProducerFencedError` if it
+        it is not open (or prepared), :class:`~txmq.errors.ProducerFencedError` if it
         belongs to a transactional producer a newer instance replaced.
 
         First the batches of its one-message sends still accumulating are
@@ -67,6 +72,42 @@ class Transaction:
             meta.check_owner()
         self._before_decision()
         self._coordinator.end(meta, True)
+
+    def prepare(self, xid: str | None = None) -> None:
+        """Make the transaction PREPARED: durable (under ``fsync="commit"``
+        / ``"always"``, also across a power loss) with its messages and
+        acks held as they are while it is open, until :meth:`commit` or
+        :meth:`abort` — or, from any later process that owns the
+        directory, :meth:`Broker.commit_prepared` /
+        :meth:`Broker.abort_prepared` with its :attr:`id` — ends it
+        (docs/API.md, "Prepared transactions"). It survives a crash and
+        reopening; no transaction timeout aborts it (only the broker's
+        ``prepared_timeout``, off by default); leaving a ``with`` block
+        leaves it prepared. Until it ends, read_committed readers wait
+        behind it as behind an open transaction
+        (:meth:`Broker.prepared_transactions` shows which).
+
+        ``xid``: a global id of the caller's (at most 65535 UTF-8 bytes),
+        kept with it and shown by :meth:`Broker.prepared_transactions`.
+
+        Raises what :meth:`commit` raises; as there, the batches still
+        accumulating are appended and the acks framed first, and an error
+        before the transaction is durably prepared aborts it."""
+        if self._broker._closed:
+            self._broker._check_open()
+        if xid is None:
+            xid = ""
+        try:
+            ok = type(xid) is str and len(xid.encode("utf-8")) <= XID_BYTES_MAX
+        except UnicodeEncodeError:
+            ok = False
+        if not ok:
+            raise InvalidArgumentError("xid", xid, "None or a str of at most 65535 UTF-8 bytes")
+        meta = self._meta
+        if meta.owner is not None:
+            meta.check_owner()
+        self._before_decision()
+        self._coordinator.prepare(meta, xid)
 
     def _before_decision(self) -> None:
         """What a commit does before its decision is built: append the
@@ -146,7 +187,7 @@ class Transaction:
         newer instance opened)."""
         meta = self._meta
         meta.check_owner()
-        if meta.state is TxnState.OPEN:
+        if meta.state in (TxnState.OPEN, TxnState.PREPARED):
             self._broker._check_open()
         if self._accumulators:
             self._broker._batching.drop(self)
@@ -156,6 +197,8 @@ class Transaction:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        if self._meta.state is TxnState.PREPARED:
+            return False        # ended only by an explicit commit or abort
         if exc_type is None:
             self.commit()
         elif self._meta.state is TxnState.OPEN and not self._broker.closed and not (

@@ -252,6 +252,25 @@ class PendingAcks:
                 if sub.broker.fsync != "never" and not lane.cursor.log.closed:
                     lane.cursor.log.sync()
 
+    def redo_prepare(self, txn_id, partition: int, cumulative: int, ranges: list) -> None:
+        """Recovery: hold again the acks a PREPARED transaction's decision
+        record names on ``partition`` that its pending-ack log lost (a
+        power loss), and frame them there, so the transaction still holds
+        exactly what it prepared."""
+        sub = self.subscription
+        with sub.cond:
+            for lane in sub.lanes:
+                if lane.partition.index != partition:
+                    continue
+                end = lane.partition.end_offset
+                for s, e in ranges:
+                    lane.pending.add_range(txn_id, s, min(e, end))
+                self._write_lane(lane, txn_id)
+                cumulative = min(cumulative, end - 1)
+                if cumulative > lane.pending.peek_cumulative(txn_id):
+                    lane.pending_log.append(PA_CUMULATIVE, pack_txn(*txn_id.words) + struct.pack("<q", cumulative))
+                    lane.pending.add_cumulative(txn_id, cumulative)
+
     def end_txn(self, txn_id, commit: bool) -> None:
         """Apply (commit) or drop (abort) the acks ``txn_id`` holds here. On
         abort the messages become deliverable again with redelivery count

@@ -62,7 +62,7 @@ from txmq._batch import FLAG
 from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import AbortSet, OngoingQueue
-from txmq._txnlog import ABORTING, COMMITTED, COMMITTING, OPEN, replay_coordinator, replay_pending
+from txmq._txnlog import ABORTED, ABORTING, COMMITTED, COMMITTING, OPEN, PREPARED, replay_coordinator, replay_pending
 from txmq.batcharrow import batch_arrays
 from txmq.files import read_json
 from txmq.storage.cursor import replay as replay_cursor
@@ -766,10 +766,12 @@ class ReadOnlyDirectory:
 
     def transactions(self) -> list:
         """The transactions the coordinator logs hold unfinished (OPEN,
-        COMMITTING, ABORTING) as dicts: id, state, timeout_ms, started_ms,
-        partitions, subscriptions. Replays the logs without truncating."""
+        PREPARED, COMMITTING, ABORTING) as dicts: id, state, timeout_ms,
+        started_ms, partitions, subscriptions; a prepared one (also once
+        decided) with its xid and prepared_ms. Replays the logs without
+        truncating."""
         root = os.path.join(self.path, "coordinator")
-        names = {OPEN: "OPEN", COMMITTING: "COMMITTING", ABORTING: "ABORTING"}
+        names = {OPEN: "OPEN", PREPARED: "PREPARED", COMMITTING: "COMMITTING", ABORTING: "ABORTING"}
         out = []
         if not os.path.isdir(root):
             return out
@@ -780,14 +782,18 @@ class ReadOnlyDirectory:
             frames = _read_redo(path)
             if frames is None:
                 continue
-            _, txns, _ = replay_coordinator(frames, path)     # a bad frame: CorruptLogError at its byte
+            prepared = {}
+            _, txns, _ = replay_coordinator(frames, path, None, prepared)   # a bad frame: CorruptLogError
             for (hi, lo), (state, timeout_ms, start_ms, parts, subs) in txns.items():
-                if state >= COMMITTED:
+                if state in (COMMITTED, ABORTED):
                     continue
-                out.append({"id": str(TxnID.from_words(hi, lo)), "state": names[state],
-                            "timeout_ms": timeout_ms, "started_ms": start_ms,
-                            "partitions": sorted(f"{t}/{p}" for t, p in parts or ()),
-                            "subscriptions": sorted(f"{t}/{s}" for t, s in subs or ())})
+                entry = {"id": str(TxnID.from_words(hi, lo)), "state": names[state],
+                         "timeout_ms": timeout_ms, "started_ms": start_ms,
+                         "partitions": sorted(f"{t}/{p}" for t, p in parts or ()),
+                         "subscriptions": sorted(f"{t}/{s}" for t, s in subs or ())}
+                if (hi, lo) in prepared:
+                    entry["prepared_ms"], entry["xid"] = prepared[(hi, lo)][:2]
+                out.append(entry)
         return out
 
     def close(self) -> None:

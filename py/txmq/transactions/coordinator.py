@@ -43,11 +43,11 @@ import time
 
 from txmq import crashpoints
 from txmq._redolog import RedoLog
-from txmq._txnlog import (ABORTING, COMMITTING, OPEN, TC_ABORTED, TC_ABORTING, TC_ADD_PARTITION,
-                          TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING, TC_DECIDED, TC_PRODUCER,
-                          encode_coordinator_snapshot, encode_producer, encode_text, pack_txn,
-                          replay_coordinator)
-from txmq.errors import BrokerClosedError
+from txmq._txnlog import (ABORTED, ABORTING, COMMITTED, COMMITTING, OPEN, PREPARED, TC_ABORTED, TC_ABORTING,
+                          TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING, TC_DECIDED,
+                          TC_FORGET, TC_PREPARED, TC_PRODUCER, encode_coordinator_snapshot, encode_prepared,
+                          encode_producer, encode_text, pack_txn, replay_coordinator)
+from txmq.errors import BrokerClosedError, InvalidTxnStateError
 from txmq.transactions import decision
 from txmq.transactions.records import TxnID, TxnMeta, TxnState
 
@@ -67,6 +67,11 @@ LIVE_FRAMES = 16
 # after an open or a compaction, keeps an idle coordinator's log small.
 PREALLOCATE_BYTES = 512 * 1024
 _TIMES = struct.Struct("<qq")
+# The outcomes of ended prepared transactions a log keeps until they are
+# forgotten (forget_prepared): past this many, compaction drops the oldest.
+PREPARED_OUTCOMES_MAX = 10_000
+# What the outcome of a prepared transaction is called (prepared_outcome).
+OUTCOMES = {PREPARED: TxnState.PREPARED, COMMITTED: TxnState.COMMITTED, ABORTED: TxnState.ABORTED}
 
 
 def now_ms() -> int:
@@ -76,8 +81,12 @@ def now_ms() -> int:
 class TransactionCoordinator:
     """One coordinator: its log, its live transactions, their timeouts."""
 
-    def __init__(self, broker, coordinator_id: int, path: str, fsync: str):
+    def __init__(self, broker, coordinator_id: int, path: str, fsync: str, prepared_timeout: float | None = None):
         self.broker = broker
+        self.prepared_timeout = prepared_timeout   # seconds a PREPARED transaction may wait, None: for ever
+        # Prepared transactions, live or ended and not yet forgotten, in the
+        # order they were prepared: words -> [prepared_ms, xid, outcome].
+        self.prepared: dict = {}
         self.id = coordinator_id
         self.fsync = fsync
         self.log = RedoLog(path, fsync, PREALLOCATE_BYTES)
@@ -89,7 +98,7 @@ class TransactionCoordinator:
         self._touched: dict = {}           # participants that applied outcomes since the last compaction
         self._retry: dict[TxnID, tuple] = {}  # transactions whose fan-out must be retried
         self.problems: list[str] = []
-        self.stats = {"begun": 0, "committed": 0, "aborted": 0, "timed_out": 0}
+        self.stats = {"begun": 0, "committed": 0, "aborted": 0, "timed_out": 0, "prepared": 0}
         self._flusher = None               # the thread that finishes commit_async commits
         self._queued = collections.deque()  # (future, meta, participants, mark) for it
         self._queue_cond = threading.Condition(threading.Lock())
@@ -100,14 +109,16 @@ class TransactionCoordinator:
     def replay(self, records: dict | None = None) -> dict:
         """The log's transactions as ``{(hi, lo): [state, timeout_ms,
         start_ms, partitions, subscriptions]}`` (see :func:`replay_coordinator`);
-        ``records`` receives the decision records the log holds."""
+        ``records`` receives the decision records the log holds (of
+        prepared transactions too), :attr:`prepared` the prepared ones."""
         frames = self.log.replay(positions=True)
         if self.log.dropped is not None:
             pos, reason, n = self.log.dropped
             self.problems.append(f"{self.log.path} at byte {pos}: {reason}; {n} bytes cut")
             log.warning("txmq: coordinator log %s", self.problems[-1])
         # A frame that does not parse: CorruptLogError at its bad byte.
-        next_lo, txns, self.tids = replay_coordinator(frames, self.log.path, records)
+        self.prepared = {}
+        next_lo, txns, self.tids = replay_coordinator(frames, self.log.path, records, self.prepared)
         self.next_seq = max(self.next_seq, next_lo, 1)
         return txns
 
@@ -202,9 +213,21 @@ class TransactionCoordinator:
         the error). Errors before the decision are raised here.
         """
         with meta.lock:
-            if meta.state is not TxnState.OPEN:
+            if meta.state is TxnState.PREPARED and meta.prepared_ms is not None and reason in (None, "prepared timeout"):
+                meta.state = TxnState.COMMITTING if commit else TxnState.ABORTING
+                meta.reason = reason
+                prepared = True
+            elif meta.state is not TxnState.OPEN:
                 if not commit and reason is None and meta.state in (TxnState.ABORTING, TxnState.ABORTED):
                     return
+                raise meta.not_open("commit" if commit else "abort")
+            else:
+                prepared = False
+        if prepared:
+            self._end_prepared(meta, commit, future)
+            return
+        with meta.lock:
+            if meta.state is not TxnState.OPEN:      # (ended meanwhile)
                 raise meta.not_open("commit" if commit else "abort")
             late = commit and time.monotonic() > meta.deadline
             if late:       # past its timeout, the timer not there yet: never commit it
@@ -248,6 +271,19 @@ class TransactionCoordinator:
         """Steps 1 and 2 of a commit but the sync: read what the commit
         covers, sync the outputs too large to copy, append the DECIDED
         frame. Returns the log mark the commit point must sync to."""
+        record = self._coverage(meta, participants)
+        with self.lock:
+            self.log.append(TC_DECIDED, pack_txn(*meta.words) + record)
+            meta.decided = True
+            meta.record = record
+            mark = self.log.written
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.recorded")
+        return mark
+
+    def _coverage(self, meta: TxnMeta, participants: list) -> bytes:
+        """Step 1 of a commit (or a prepare): the decision record of what
+        ``meta`` covers, its outputs too large to copy synced first."""
         copy = self.fsync != "never"
         outputs, acks = [], []
         size = 0
@@ -271,15 +307,126 @@ class TransactionCoordinator:
             outputs = [(t, i, [b[:4] + (None,) for b in batches]) for t, i, batches in outputs]
         if crashpoints.ARMED:
             crashpoints.reached("txn.prepared")
-        record = decision.encode(outputs, acks)
+        return decision.encode(outputs, acks)
+
+    # -- prepared transactions ------------------------------------------------------
+
+    def prepare(self, meta: TxnMeta, xid: str) -> None:
+        """Make ``meta`` PREPARED (docs/API.md, "Prepared transactions"):
+        its decision record, in a PREPARED frame with ``xid``, synced. From
+        then on its outputs and acks are held as an open transaction's are,
+        no timeout aborts it (but ``prepared_timeout``), and only a commit
+        or an abort of it ends it. Errors before the frame is written
+        abort the transaction and are raised."""
+        with meta.lock:
+            if meta.state is not TxnState.OPEN:
+                raise meta.not_open("prepare")
+            late = time.monotonic() > meta.deadline
+            if not late:
+                # (prepared_ms stays None until the frame is durable: no
+                # commit or abort of it as a prepared transaction before)
+                meta.state = TxnState.PREPARED
+        if late:
+            self.end(meta, False, reason="timeout")
+            with self.lock:
+                self.stats["timed_out"] += 1
+            raise meta.not_open("prepare")
+        participants = list(meta.partitions.values()) + list(meta.subscriptions.values())
+        for x in participants:          # (as in end: operations in flight have finished)
+            with x.lock:
+                pass
+        try:
+            prepared_ms = now_ms()
+            record = self._coverage(meta, participants)
+            with self.lock:
+                self.log.append(TC_PREPARED, pack_txn(*meta.words) + encode_prepared(prepared_ms, xid, record))
+                mark = self.log.written
+            if crashpoints.ARMED:
+                crashpoints.reached("txn.prepare_recorded")
+            self.log.sync_to(mark)
+        except BaseException:
+            log.exception("txmq: prepare of %s failed; aborting it", meta.id)
+            with meta.lock:
+                meta.state = TxnState.ABORTING
+                meta.reason = "prepare failed"
+            self._abort(meta, participants)
+            raise
         with self.lock:
-            self.log.append(TC_DECIDED, pack_txn(*meta.words) + record)
-            meta.decided = True
             meta.record = record
-            mark = self.log.written
+            meta.xid = xid
+            self.prepared[meta.words] = [prepared_ms, xid, PREPARED]
+            self.stats["prepared"] += 1
+        with meta.lock:
+            meta.prepared_ms = prepared_ms
         if crashpoints.ARMED:
-            crashpoints.reached("txn.recorded")
-        return mark
+            crashpoints.reached("txn.prepare_synced")
+
+    def _end_prepared(self, meta: TxnMeta, commit: bool, future=None) -> None:
+        """Commit or abort a PREPARED transaction: the decision (COMMITTING,
+        naming nothing more: the PREPARED frame's record covers it; or
+        ABORTING) is synced in both cases, since recovery keeps a prepared
+        transaction that has no decision; then the fan-out."""
+        participants = list(meta.partitions.values()) + list(meta.subscriptions.values())
+        with self.lock:
+            self.log.append(TC_COMMITTING if commit else TC_ABORTING, pack_txn(*meta.words))
+            meta.decided = commit
+            mark = self.log.written
+            kept = self.prepared.get(meta.words)
+            if kept is not None:
+                kept[2] = COMMITTED if commit else ABORTED
+        if future is not None:
+            self._enqueue(future, meta, participants, mark)
+            return
+        self.log.sync_to(mark)
+        if crashpoints.ARMED:
+            crashpoints.reached("txn.decided")
+        if self._apply(meta.id, commit, participants):
+            self._finish(meta, commit)
+
+    def restore_prepared(self, words: tuple, entry: list, record: bytes, participants: list) -> TxnMeta:
+        """Recovery: the PREPARED transaction ``words`` of the log (its
+        replayed ``entry`` and decision ``record``) is live again, held by
+        ``participants`` (the partitions and subscriptions' pending acks it
+        names that still exist)."""
+        prepared_ms, xid, _ = self.prepared[words]
+        _, timeout_ms, start_ms, _, _ = entry
+        timeout = timeout_ms / 1000.0
+        meta = TxnMeta(TxnID.from_words(*words), timeout, start_ms, time.monotonic() + timeout)
+        meta.state = TxnState.PREPARED
+        meta.record = record
+        meta.xid = xid
+        meta.prepared_ms = prepared_ms
+        for x in participants:
+            if isinstance(x.topic, str):
+                meta.partitions[(x.topic, x.index)] = x
+            else:
+                meta.subscriptions[x.key] = x
+        with self.lock:
+            self.txns[meta.id] = meta
+        return meta
+
+    def prepared_outcome(self, txn_id: TxnID):
+        """PREPARED, COMMITTED or ABORTED for a prepared transaction this
+        log keeps the outcome of, else None."""
+        with self.lock:
+            kept = self.prepared.get(txn_id.words)
+        return None if kept is None else OUTCOMES[kept[2]]
+
+    def forget_prepared(self, txn_id: TxnID) -> bool:
+        """Stop keeping the outcome of an ended prepared transaction (a
+        FORGET frame, synced); False when it is not kept. A live prepared
+        transaction is refused (InvalidTxnStateError)."""
+        with self.lock:
+            kept = self.prepared.get(txn_id.words)
+            if kept is None:
+                return False
+            if kept[2] == PREPARED:
+                raise InvalidTxnStateError(txn_id, "PREPARED", "forget its outcome (it has none yet)")
+            self.log.append(TC_FORGET, pack_txn(*txn_id.words))
+            del self.prepared[txn_id.words]
+            mark = self.log.written
+        self.log.sync_to(mark)
+        return True
 
     def _abort(self, meta: TxnMeta, participants: list) -> None:
         """Steps 2 to 4 of an abort: ABORTING needs no sync (a transaction
@@ -394,11 +541,19 @@ class TransactionCoordinator:
                 _, seq = heapq.heappop(self._timeouts)
                 meta = self.txns.get(TxnID(self.id, seq))
                 if meta is not None and meta.state is TxnState.OPEN:
-                    due.append(meta)
+                    due.append((meta, "timeout"))
+            if self.prepared_timeout is not None and self.prepared:
+                oldest = now_ms() - self.prepared_timeout * 1000
+                for words, (prepared_ms, _, outcome) in self.prepared.items():
+                    if prepared_ms > oldest:
+                        break               # (in the order they were prepared)
+                    meta = self.txns.get(TxnID.from_words(*words)) if outcome == PREPARED else None
+                    if meta is not None and meta.state is TxnState.PREPARED:
+                        due.append((meta, "prepared timeout"))
         n = 0
-        for meta in due:
+        for meta, reason in due:
             try:
-                self.end(meta, False, reason="timeout")
+                self.end(meta, False, reason=reason)
                 n += 1
             except (BrokerClosedError,):
                 return n
@@ -437,12 +592,18 @@ class TransactionCoordinator:
         live, records = {}, {}
         for meta in self.txns.values():
             state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING
+            if meta.decided is None and meta.prepared_ms is not None:
+                state = PREPARED
             live[meta.words] = [state, int(meta.timeout * 1000), meta.start_ms,
                                 set(meta.partitions), set(meta.subscriptions)]
-            if meta.decided and meta.record is not None:
-                # Decided, not yet applied everywhere: the snapshot keeps what it covers.
+            if meta.record is not None and (meta.decided or state == PREPARED):
+                # Decided, not yet applied everywhere, or prepared: the
+                # snapshot keeps what it covers.
                 records[meta.words] = meta.record
-        snapshot = encode_coordinator_snapshot(self.next_seq, live, self.tids, records)
+        ended = [w for w, kept in self.prepared.items() if kept[2] != PREPARED]
+        for words in ended[:max(0, len(ended) - PREPARED_OUTCOMES_MAX)]:
+            del self.prepared[words]        # the oldest outcomes nobody forgot
+        snapshot = encode_coordinator_snapshot(self.next_seq, live, self.tids, records, self.prepared)
         if not housekeeping:
             self.log.compact(snapshot)
         elif not self.log.try_compact(snapshot):
@@ -453,7 +614,8 @@ class TransactionCoordinator:
         """Close the log (after :meth:`drain`). A transaction still open is
         aborted by the next open's recovery (nothing decided it), so from
         now on it reads ABORTED; its handle's later calls fail with
-        BrokerClosedError."""
+        BrokerClosedError. A PREPARED one stays PREPARED: the next open
+        restores it."""
         self.drain()
         for meta in list(self.txns.values()):
             with meta.lock:

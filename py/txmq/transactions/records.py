@@ -57,6 +57,7 @@ class TxnID(NamedTuple):
 
 class TxnState(str, enum.Enum):
     OPEN = "OPEN"
+    PREPARED = "PREPARED"
     COMMITTING = "COMMITTING"
     COMMITTED = "COMMITTED"
     ABORTING = "ABORTING"
@@ -77,7 +78,7 @@ class TxnMeta:
     """
 
     __slots__ = ("id", "words", "state", "timeout", "start_ms", "deadline", "partitions",
-                 "subscriptions", "lock", "reason", "decided", "owner", "record")
+                 "subscriptions", "lock", "reason", "decided", "owner", "record", "prepared_ms", "xid")
 
     def __init__(self, txn_id: TxnID, timeout: float, start_ms: int, deadline: float):
         self.id = txn_id
@@ -92,7 +93,9 @@ class TxnMeta:
         self.reason = None                # why it was aborted by the broker, if it was
         self.decided = None               # True / False once COMMITTING / ABORTING is logged
         self.owner = None                 # the TransactionalProducer that began it, if one did
-        self.record = None                # its decision record once a commit logged one (bytes)
+        self.record = None                # its decision record once a commit or a prepare logged one (bytes)
+        self.prepared_ms = None           # when it was prepared (epoch ms), if it was
+        self.xid = None                   # the global id given at prepare ("" when none)
 
     def check_open(self, doing: str = "use it") -> None:
         if self.state is not TxnState.OPEN:
