@@ -245,3 +245,79 @@ def test_a_commit_logs_accumulated_sends_and_ranged_acks_in_its_decision(tmp_pat
         assert [m.value for m in r.receive_many(100, 0.2)] == [b"out-in-%03d" % i for i in range(40)]
         c = b.subscribe("in", "s", initial_position="earliest")
         assert [m.value for m in c.receive_many(100, 0.2)] == [b"in-%03d" % i for i in range(40, 50)]
+
+
+def test_power_loss_keeps_prepared_transactions(tmp_path, monkeypatch):
+    """Prepared consume-transform-produce transactions, some ended at once,
+    some left prepared and ended later, cut at random syncs: after every cut,
+    each transaction whose prepare() returned is still PREPARED — its
+    outputs invisible, its inputs held, though neither its segments nor its
+    pending-ack log were synced — or, if its end had begun, has the outcome
+    chosen; one whose end returned has that outcome. Ending the prepared
+    ones then leaves every input covered once or deliverable (G6)."""
+    monkeypatch.setattr(coordinator, "PREALLOCATE_BYTES", 16 * 1024)
+    path = tmp_path / "d"
+    _setup(path, "commit")
+    rng = random.Random(int(os.environ.get("TXMQ_POWER_LOSS_SEED", "0")) * 7 + 5)
+    acked = {}                # txn id -> input values, prepare() returned
+    ending = {}               # txn id -> commit (True) / abort: the end has begun
+    ended = set()             # its end returned
+    cuts = []
+    cut_rng = random.Random(rng.random())
+    with PowerLoss(path) as sim:
+        def cut(name, p):
+            if cut_rng.random() < p and len(cuts) < 40:
+                cuts.append((sim.materialise(tmp_path / name), dict(acked), dict(ending), set(ended)))
+
+        # A power loss right after a sync, or right after prepare() or an end returned.
+        sim.on_sync = lambda n: cut(f"sync{n}", 0.1)
+        b = txmq.Broker(path, fsync="commit", num_coordinators=2, segment_bytes_max=SEGMENT_BYTES,
+                        control_socket=False)
+        try:
+            c = b.subscribe("in", "s", initial_position="earliest")
+            out = b.producer("out")
+            left = []
+            while msgs := c.receive_many(PER_TXN, timeout=0.2):
+                txn = b.new_transaction()
+                for m in msgs:
+                    out.send(_out_value(m.value), key=m.key, txn=txn)
+                c.ack(msgs, txn=txn)
+                txn.prepare()
+                acked[txn.id] = [m.value for m in msgs]
+                cut(f"prepared{len(acked)}", 0.3)
+                left.append(txn.id)
+                while left and (rng.random() < 0.6 or len(left) > 4):
+                    txn_id = left.pop(rng.randrange(len(left)))
+                    ending[txn_id] = commit = rng.random() < 0.8
+                    (b.commit_prepared if commit else b.abort_prepared)(txn_id)
+                    ended.add(txn_id)
+                    cut(f"ended{len(ended)}", 0.3)
+            cuts.append((sim.materialise(tmp_path / "end"), dict(acked), dict(ending), set(ended)))
+        finally:
+            b.close()
+    assert len(cuts) > 5
+    for where, acked_then, ending_then, ended_then in cuts:
+        with txmq.Broker(where, fsync="commit", num_coordinators=2, segment_bytes_max=SEGMENT_BYTES,
+                         control_socket=False) as b:
+            held = set()
+            for txn_id, values in acked_then.items():
+                outcome = b.prepared_outcome(txn_id)
+                if txn_id not in ending_then:
+                    assert outcome is txmq.TxnState.PREPARED, (where, txn_id, outcome)
+                    held |= set(values)
+                    continue
+                want = txmq.TxnState.COMMITTED if ending_then[txn_id] else txmq.TxnState.ABORTED
+                if txn_id in ended_then:
+                    assert outcome is want, (where, txn_id, outcome)
+                else:
+                    assert outcome in (txmq.TxnState.PREPARED, want), (where, txn_id, outcome)
+                if outcome is txmq.TxnState.PREPARED:
+                    held |= set(values)
+            c = b.subscribe("in", "s", initial_position="earliest")
+            again = {m.value for m in c.receive_many(10_000, timeout=0.05)}
+            c.close()
+            assert not again & held, (where, "inputs of a prepared transaction delivered again")
+            for t in b.prepared_transactions():
+                b.abort_prepared(t["id"]) if rng.random() < 0.5 else b.commit_prepared(t["id"])
+        _check(where, "commit", [v for t, vs in acked_then.items() if t in ended_then and ending_then[t]
+                                 for v in vs])
