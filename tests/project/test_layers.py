@@ -29,6 +29,7 @@ LAYERS = [
     ("front ends", ("txmq.kafka", "txmq.flight")),
     ("functions", ("txmq.functions",)),
     ("public", ("txmq", "txmq.readonly", "txmq.ingest", "txmq.control")),
+    ("twophase", ("txmq.twophase",)),
     ("testing", ("txmq.testing",)),
     ("demo", ("txmq.demo",)),
     ("cli", ("txmq.cli",)),
