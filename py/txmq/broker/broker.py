@@ -870,7 +870,8 @@ class Broker:
 
     def forget_prepared(self, txn_id) -> bool:
         """Stop keeping the outcome of the ended prepared transaction
-        ``txn_id`` (durably); False when none is kept.
+        ``txn_id``; False when none is kept (a crash right after may keep
+        it until it is forgotten again).
         :class:`InvalidTxnStateError` while it is still prepared. Outcomes
         nobody forgets are dropped oldest first past 10,000 per
         coordinator."""

@@ -414,7 +414,8 @@ class TransactionCoordinator:
 
     def forget_prepared(self, txn_id: TxnID) -> bool:
         """Stop keeping the outcome of an ended prepared transaction (a
-        FORGET frame, synced); False when it is not kept. A live prepared
+        FORGET frame, not synced: a crash that loses it only keeps the
+        outcome longer); False when it is not kept. A live prepared
         transaction is refused (InvalidTxnStateError)."""
         with self.lock:
             kept = self.prepared.get(txn_id.words)
@@ -424,8 +425,7 @@ class TransactionCoordinator:
                 raise InvalidTxnStateError(txn_id, "PREPARED", "forget its outcome (it has none yet)")
             self.log.append(TC_FORGET, pack_txn(*txn_id.words))
             del self.prepared[txn_id.words]
-            mark = self.log.written
-        self.log.sync_to(mark)
+            self._maybe_compact()
         return True
 
     def _abort(self, meta: TxnMeta, participants: list) -> None:
