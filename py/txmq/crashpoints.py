@@ -4,10 +4,13 @@
 itself with SIGKILL when it reaches one of those points (``name@n``: at the
 n-th time it gets there). Unset, :func:`reached` is one set lookup.
 
-Points: ``txn.prepared`` (what the commit covers is read, outputs too
-large for a copy synced, no decision yet), ``txn.recorded`` (the decision
-record written, not synced), ``txn.decided`` (decision durable, no marker
-written; for ``commit_async``, in the coordinator's flusher thread), ``txn.markers_half``
+Points: ``txn.prepared`` (what the commit or the prepare covers is read,
+outputs too large for a copy synced, no decision yet), ``txn.recorded``
+(the decision record written, not synced), ``txn.prepare_recorded`` (a
+prepare's PREPARED frame written, not synced), ``txn.prepare_synced`` (it
+is durable, ``prepare()`` has not returned), ``txn.decided`` (decision
+durable, no marker written; for ``commit_async``, in the coordinator's
+flusher thread; also the commit or abort of a prepared transaction), ``txn.markers_half``
 (after the first participant applied the outcome), ``txn.applied`` (every
 participant applied, final record not written); half messages:
 ``half.stored`` (half message stored, local transaction not run),
@@ -20,7 +23,12 @@ staged ingest: ``ingest.appended`` (staged messages appended in their
 transaction, not committed), ``ingest.committed`` (committed, staging not
 removed); topics: ``topic.created_partitions`` (the topic's folder made,
 ``topic.json`` not written; partition folders come with their first use), ``topic.delete_renamed`` (the topic's folder
-renamed as deleted, its subscriptions not yet).
+renamed as deleted, its subscriptions not yet); ``txmq.twophase``:
+``twophase.before_prepare``, ``twophase.between_prepares`` (txmq's side
+prepared, PostgreSQL's not), ``twophase.prepared`` (both prepared, no
+decision), ``twophase.decided`` (txmq's side committed, PostgreSQL's
+not), ``twophase.between_commits`` (both committed, the outcome not yet
+forgotten).
 """
 
 from __future__ import annotations

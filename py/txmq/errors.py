@@ -163,12 +163,20 @@ class IsolationLevelMismatchError(TxmqError, ValueError):
 
 
 class TopicBusyError(TxmqError):
-    """A topic still has consumers attached and was not deleted."""
+    """A topic still has consumers attached, or a prepared transaction
+    writes or acknowledges on it (``prepared``: their ids), and was not
+    deleted."""
 
-    def __init__(self, name: str, consumers: int):
+    def __init__(self, name: str, consumers: int, prepared=()):
         self.name = name
         self.consumers = consumers
-        super().__init__(f"topic {name!r} has {consumers} consumer(s) attached; close them or pass force=True")
+        self.prepared = list(prepared)
+        if self.prepared:
+            ids = ", ".join(str(t) for t in self.prepared)
+            super().__init__(f"topic {name!r} is in prepared transaction(s) {ids}: commit or abort them first "
+                             f"(commit_prepared / abort_prepared; force=True does not end them)")
+        else:
+            super().__init__(f"topic {name!r} has {consumers} consumer(s) attached; close them or pass force=True")
 
 
 class TransactionError(TxmqError):

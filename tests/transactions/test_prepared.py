@@ -214,6 +214,24 @@ def test_what_a_prepared_transaction_refuses(tmp_path):
         assert txn.state is TxnState.PREPARED
 
 
+def test_a_topic_in_a_prepared_transaction_is_not_deleted(tmp_path):
+    """Its record names the topic's partitions: deleting the topic (and
+    creating it again) would let recovery write the old batches into the
+    new one. Refused, force or not, until the transaction ends."""
+    with txmq.Broker(tmp_path / "d") as b:
+        c, got, txn = _ctp(b)
+        txn.prepare()
+        for topic in ("out", "in"):          # an output, and the subscription it acked on
+            for force in (False, True):
+                with pytest.raises(txmq.errors.TopicBusyError) as e:
+                    b.delete_topic(topic, force=force)
+                assert e.value.prepared == [txn.id] and "prepared" in str(e.value)
+        txn.abort()
+        c.close()
+        b.delete_topic("out")
+        b.delete_topic("in")
+
+
 def test_leaving_a_with_block_leaves_it_prepared(tmp_path):
     with txmq.Broker(tmp_path / "d") as b:
         b.create_topic("t")
@@ -293,3 +311,21 @@ def test_cli_lists_prepared_transactions(tmp_path):
     with txmq.Broker(path) as b:
         assert b.prepared_transactions() == []
         assert values(drain(b.subscribe("out", "rc", initial_position="earliest"))) == [b"M0", b"M1"]
+
+
+def test_cli_abort_refuses_a_prepared_transaction(tmp_path):
+    path = tmp_path / "d"
+    with txmq.Broker(path) as b:
+        c, got, txn = _ctp(b)
+        txn.prepare()
+    out = subprocess.run([sys.executable, "-m", "txmq.cli", "transactions", "abort", str(path), str(txn.id)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 5 and "PREPARED" in out.stderr, (out.returncode, out.stderr)
+    done = subprocess.run([sys.executable, "-m", "txmq.cli", "transactions", "abort-prepared", str(path),
+                           str(txn.id), "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and json.loads(done.stdout) == {"aborted": str(txn.id)}, done.stderr
+    again = subprocess.run([sys.executable, "-m", "txmq.cli", "transactions", "abort-prepared", str(path),
+                            str(txn.id)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    with txmq.Broker(path) as b:
+        assert b.prepared_outcome(txn.id) is TxnState.ABORTED

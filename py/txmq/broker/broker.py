@@ -465,10 +465,17 @@ class Broker:
 
     def delete_topic(self, name: str, *, force: bool = False) -> None:
         """Delete a topic, its data and its subscriptions. Refused while
-        consumers are attached unless ``force`` (they are then closed)."""
+        consumers are attached unless ``force`` (they are then closed), and
+        while a PREPARED transaction writes or acknowledges on it (only its
+        commit or abort ends it)."""
         self._check_open()
         with self._lock:
             topic = self._topic(name)
+            prepared = [m.id for tc in self._coordinators for m in list(tc.txns.values())
+                        if m.state is TxnState.PREPARED and (any(t == name for t, _ in m.partitions)
+                                                             or any(t == name for t, _ in m.subscriptions))]
+            if prepared:
+                raise TopicBusyError(name, 0, prepared)
             consumers = [c for s in topic.subscriptions.values() for c in list(s.consumers)]
             if consumers and not force:
                 raise TopicBusyError(name, len(consumers))
