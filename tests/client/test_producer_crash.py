@@ -46,16 +46,12 @@ import pytest
 import txmq
 
 import producer_crash_worker as W
-from killer import HELPERS, SETTLE_TIMEOUT, read_lines, start_and_kill, worker
+from killer import HELPERS, SETTLE_TIMEOUT, read_lines, start_and_kill, worker, worker_env
 
 WORKER = worker("producer_crash_worker.py")
 FSYNCS = ("never", "commit", "always")
 PARTITION_OF = {s: part for s, (_, part) in W.STREAMS.items()}
 
-
-def worker_env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
 
 
 class Model:

@@ -57,17 +57,13 @@ import txmq
 from txmq._batch import FLAG
 
 import tid_crash_worker as W
-from killer import SETTLE_TIMEOUT, drain, read_lines, start_and_kill, worker
+from killer import SETTLE_TIMEOUT, drain, read_lines, start_and_kill, worker, worker_env
 
 WORKER = worker("tid_crash_worker.py")
 FSYNCS = ("never", "commit", "always")
 SUB_TYPES = ("exclusive", "failover")
 FINAL_TIMEOUT = 4 * SETTLE_TIMEOUT
 
-
-def worker_env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
 
 
 class Step:

@@ -42,16 +42,12 @@ import pytest
 import txmq
 
 import function_crash_worker as W
-from killer import SETTLE_TIMEOUT, read_lines, start_and_kill, worker
+from killer import SETTLE_TIMEOUT, read_lines, start_and_kill, worker, worker_env
 from test_functions import expected_totals, read_all, totals_of
 
 WORKER = worker("function_crash_worker.py")
 KEYS = [b"k%d" % i for i in range(10)]
 
-
-def worker_env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
 
 
 class Model:

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import time
 
+import txmq
+
 SETTLE_TIMEOUT = 90.0     # a bound on a worker starting on a loaded 2-core machine, not a speed check
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,6 +24,18 @@ def worker(name: str) -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(path)
     return path
+
+
+def worker_env(crash_at: str | None = None) -> dict:
+    """The environment of a worker: this one, with the txmq under test
+    first on its path, and the crash points ``crash_at`` armed
+    (``TXMQ_CRASH_AT``; None: none)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
+    env.pop("TXMQ_CRASH_AT", None)
+    if crash_at:
+        env["TXMQ_CRASH_AT"] = crash_at
+    return env
 
 
 def start_and_kill(argv, env, out_path, rng, *, p_after_ready: float, after_ready: tuple,

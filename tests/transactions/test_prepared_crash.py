@@ -33,7 +33,7 @@ import txmq
 from txmq import TxnState
 
 import prepared_crash_worker as W
-from killer import drain, read_lines, start_and_kill, worker
+from killer import drain, read_lines, start_and_kill, worker, worker_env
 
 WORKER = worker("prepared_crash_worker.py")
 # (txn.prepare_recorded: the PREPARED frame is in the page cache, which SIGKILL keeps)
@@ -41,14 +41,6 @@ POINTS = ("txn.prepared", "txn.prepare_recorded", "txn.prepare_synced", "txn.dec
           "txn.applied")
 INPUTS = {b"in-%04d" % i for i in range(W.INPUTS)}
 
-
-def worker_env(crash_at: str | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    env.pop("TXMQ_CRASH_AT", None)
-    if crash_at:
-        env["TXMQ_CRASH_AT"] = crash_at
-    return env
 
 
 def run(path, seed: int, out, crash_at: str | None = None) -> int:

@@ -51,19 +51,11 @@ import pytest
 import txmq
 
 import txn_crash_worker as W
-from killer import drain, read_lines, start_and_kill, worker
+from killer import drain, read_lines, start_and_kill, worker, worker_env
 
 WORKER = worker("txn_crash_worker.py")
 SETTLE_TIMEOUT = 60.0
 
-
-def worker_env(crash_at: str | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    env.pop("TXMQ_CRASH_AT", None)
-    if crash_at:
-        env["TXMQ_CRASH_AT"] = crash_at
-    return env
 
 
 def view(broker, topic: str, isolation: str) -> dict:

@@ -35,7 +35,7 @@ import txmq
 from txmq.twophase import PostgresTwoPhase
 
 import twophase_crash_worker as W
-from killer import drain, read_lines, start_and_kill, worker
+from killer import drain, read_lines, start_and_kill, worker, worker_env
 from postgres_server import postgres  # noqa: F401  (a pytest fixture)
 
 WORKER = worker("twophase_crash_worker.py")
@@ -44,14 +44,6 @@ POINTS = ("twophase.before_prepare", "twophase.between_prepares", "twophase.prep
 INPUTS = {"in-%03d" % i for i in range(W.INPUTS)}
 _tests = itertools.count()
 
-
-def worker_env(crash_at: str | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(txmq.__path__[0])] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    env.pop("TXMQ_CRASH_AT", None)
-    if crash_at:
-        env["TXMQ_CRASH_AT"] = crash_at
-    return env
 
 
 class App:

@@ -243,14 +243,17 @@ class PendingAcks:
         the coordinator log forgets the decision once recovery is done."""
         sub = self.subscription
         with sub.cond:
-            for lane in sub.lanes:
-                if lane.partition.index != partition:
-                    continue
+            for lane in self._lanes_on(partition):
                 end = lane.partition.end_offset
                 offsets = [o for s, e in ranges for o in range(s, min(e, end))]
                 sub._apply_acks(lane, offsets, min(cumulative, end - 1), sync=False)
                 if sub.broker.fsync != "never" and not lane.cursor.log.closed:
                     lane.cursor.log.sync()
+
+    def _lanes_on(self, partition: int) -> list:
+        """The lane of partition index ``partition`` (none when the topic
+        has no such partition any more)."""
+        return [lane for lane in self.subscription.lanes if lane.partition.index == partition]
 
     def redo_prepare(self, txn_id, partition: int, cumulative: int, ranges: list) -> None:
         """Recovery: hold again the acks a PREPARED transaction's decision
@@ -259,9 +262,7 @@ class PendingAcks:
         exactly what it prepared."""
         sub = self.subscription
         with sub.cond:
-            for lane in sub.lanes:
-                if lane.partition.index != partition:
-                    continue
+            for lane in self._lanes_on(partition):
                 end = lane.partition.end_offset
                 for s, e in ranges:
                     lane.pending.add_range(txn_id, s, min(e, end))

@@ -251,12 +251,7 @@ class TransactionCoordinator:
         try:
             mark = self._decide_commit(meta, participants)
         except BaseException:
-            # No decision is logged: the only way out is an abort.
-            log.exception("txmq: prepare of %s failed; aborting it", meta.id)
-            with meta.lock:
-                meta.state = TxnState.ABORTING
-                meta.reason = "prepare failed"
-            self._abort(meta, participants)
+            self._prepare_failed(meta, participants)
             raise
         if future is not None:
             self._enqueue(future, meta, participants, mark)
@@ -345,11 +340,7 @@ class TransactionCoordinator:
                 crashpoints.reached("txn.prepare_recorded")
             self.log.sync_to(mark)
         except BaseException:
-            log.exception("txmq: prepare of %s failed; aborting it", meta.id)
-            with meta.lock:
-                meta.state = TxnState.ABORTING
-                meta.reason = "prepare failed"
-            self._abort(meta, participants)
+            self._prepare_failed(meta, participants)
             raise
         with self.lock:
             meta.record = record
@@ -427,6 +418,15 @@ class TransactionCoordinator:
             del self.prepared[txn_id.words]
             self._maybe_compact()
         return True
+
+    def _prepare_failed(self, meta: TxnMeta, participants: list) -> None:
+        """Step 1 or 2 failed before a decision (or a PREPARED frame) was
+        durable: the only way out is an abort."""
+        log.exception("txmq: prepare of %s failed; aborting it", meta.id)
+        with meta.lock:
+            meta.state = TxnState.ABORTING
+            meta.reason = "prepare failed"
+        self._abort(meta, participants)
 
     def _abort(self, meta: TxnMeta, participants: list) -> None:
         """Steps 2 to 4 of an abort: ABORTING needs no sync (a transaction
