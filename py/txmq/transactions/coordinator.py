@@ -212,29 +212,26 @@ class TransactionCoordinator:
         the flusher thread, which resolves the future after them (or sets
         the error). Errors before the decision are raised here.
         """
+        prepared = late = False
         with meta.lock:
-            if meta.state is TxnState.PREPARED and meta.prepared_ms is not None and reason in (None, "prepared timeout"):
-                meta.state = TxnState.COMMITTING if commit else TxnState.ABORTING
-                meta.reason = reason
-                prepared = True
-            elif meta.state is not TxnState.OPEN:
-                if not commit and reason is None and meta.state in (TxnState.ABORTING, TxnState.ABORTED):
+            if meta.state is not TxnState.OPEN:
+                if (meta.state is TxnState.PREPARED and meta.prepared_ms is not None
+                        and reason in (None, "prepared timeout")):
+                    prepared = True          # (only its commit or abort, or its own timeout, ends it)
+                elif not commit and reason is None and meta.state in (TxnState.ABORTING, TxnState.ABORTED):
                     return
-                raise meta.not_open("commit" if commit else "abort")
+                else:
+                    raise meta.not_open("commit" if commit else "abort")
             else:
-                prepared = False
-        if prepared:
-            self._end_prepared(meta, commit, future)
-            return
-        with meta.lock:
-            if meta.state is not TxnState.OPEN:      # (ended meanwhile)
-                raise meta.not_open("commit" if commit else "abort")
-            late = commit and time.monotonic() > meta.deadline
-            if late:       # past its timeout, the timer not there yet: never commit it
-                commit, reason = False, "timeout"
+                late = commit and time.monotonic() > meta.deadline
+                if late:       # past its timeout, the timer not there yet: never commit it
+                    commit, reason = False, "timeout"
             meta.state = TxnState.COMMITTING if commit else TxnState.ABORTING
             if reason is not None:
                 meta.reason = reason
+        if prepared:
+            self._end_prepared(meta, commit, future)
+            return
         participants = list(meta.partitions.values()) + list(meta.subscriptions.values())
         # Operations that passed their check under a participant's lock have
         # finished once we hold that lock; later ones see the new state.
@@ -249,7 +246,14 @@ class TransactionCoordinator:
                 raise meta.not_open("commit")
             return
         try:
-            mark = self._decide_commit(meta, participants)
+            record = self._coverage(meta, participants)
+            with self.lock:            # step 2 but the sync: the DECIDED frame
+                self.log.append(TC_DECIDED, pack_txn(*meta.words) + record)
+                meta.decided = True
+                meta.record = record
+                mark = self.log.written
+            if crashpoints.ARMED:
+                crashpoints.reached("txn.recorded")
         except BaseException:
             self._prepare_failed(meta, participants)
             raise
@@ -261,20 +265,6 @@ class TransactionCoordinator:
             crashpoints.reached("txn.decided")
         if self._apply(meta.id, True, participants):
             self._finish(meta, True)
-
-    def _decide_commit(self, meta: TxnMeta, participants: list) -> int:
-        """Steps 1 and 2 of a commit but the sync: read what the commit
-        covers, sync the outputs too large to copy, append the DECIDED
-        frame. Returns the log mark the commit point must sync to."""
-        record = self._coverage(meta, participants)
-        with self.lock:
-            self.log.append(TC_DECIDED, pack_txn(*meta.words) + record)
-            meta.decided = True
-            meta.record = record
-            mark = self.log.written
-        if crashpoints.ARMED:
-            crashpoints.reached("txn.recorded")
-        return mark
 
     def _coverage(self, meta: TxnMeta, participants: list) -> bytes:
         """Step 1 of a commit (or a prepare): the decision record of what
