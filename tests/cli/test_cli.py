@@ -409,7 +409,7 @@ def test_stats(capsys, data):
     assert code == 0
     assert f"data directory {os.path.abspath(data)}" in out and "topic orders" in out and "topic empty" in out
     assert out.startswith(f"data directory {os.path.abspath(data)} (a read-only view; no process holds it)\n")
-    assert "transactions: 0 open, 0 committing, 0 aborting" in out
+    assert "transactions: 0 open, 0 committing, 0 aborting, 0 prepared" in out
     code, out, _ = run(capsys, "stats", data, "--json")
     st = json.loads(out)
     assert set(st["topics"]) == {"orders", "empty"} and st["writer_pid"] is None
@@ -542,7 +542,7 @@ def test_read_commands_on_a_directory_another_process_holds(capsys, data):
         code, out, _ = run(capsys, "stats", data)
         assert code == 0
         assert out.startswith(f"data directory {data} (a read-only view; held by pid {holder.pid})\n")
-        assert "transactions: 1 open, 0 committing, 0 aborting" in out
+        assert "transactions: 1 open, 0 committing, 0 aborting, 0 prepared" in out
         code, out, _ = run(capsys, "stats", data, "--json")
         st = json.loads(out)
         assert st["writer_pid"] == holder.pid and [t["id"] for t in st["transactions"]] == [txn]

@@ -305,6 +305,9 @@ def test_cli_lists_prepared_transactions(tmp_path):
     text = subprocess.run([sys.executable, "-m", "txmq.cli", "transactions", "list", str(path)],
                           capture_output=True, text=True, timeout=120)
     assert "PREPARED" in text.stdout and "cli-1" in text.stdout, text.stdout
+    stats = subprocess.run([sys.executable, "-m", "txmq.cli", "stats", str(path)], capture_output=True, text=True,
+                           timeout=120)
+    assert "transactions: 0 open, 0 committing, 0 aborting, 1 prepared" in stats.stdout, stats.stdout
     done = subprocess.run([sys.executable, "-m", "txmq.cli", "transactions", "commit-prepared", str(path),
                            str(txn.id)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

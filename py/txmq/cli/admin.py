@@ -337,7 +337,8 @@ def stats(args) -> int:
     states = [t["state"] for t in st["transactions"]]
     print()
     print(f"transactions: {states.count('OPEN')} open, {states.count('COMMITTING')} committing, "
-          f"{states.count('ABORTING')} aborting (`txmq transactions list` lists them)")
+          f"{states.count('ABORTING')} aborting, {states.count('PREPARED')} prepared "
+          f"(`txmq transactions list` lists them)")
     scanned = [f"{name}/{i}" for name, t in sorted(st["topics"].items())
                for i, p in enumerate(t["partitions"]) if p["source"] != "readview"]
     if scanned:
