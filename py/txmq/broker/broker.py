@@ -62,7 +62,7 @@ from txmq.options import (INT32_MAX, TIMEOUT_MAX_SECONDS, choice_option, flag_op
                           open_files_option, partitions_option, retention_options, seconds_option)
 from txmq.storage.log import segment_budget
 from txmq.storage.delivery import ISOLATIONS
-from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription
+from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription, config_problem
 from txmq.storage.topic import Topic, check_subscription_name, check_topic_name
 from txmq.client.transaction import Transaction
 from txmq.client.accumulator import SendBatching
@@ -982,13 +982,9 @@ def _subscription_config(path: str) -> dict:
     """A subscription's ``subscription.json``; CorruptLogError (path,
     byte) when it is not one: its isolation level cannot be guessed."""
     meta = read_json(path)
-    for key, allowed in (("type", TYPES), ("isolation", ISOLATIONS), ("initial_position", POSITIONS)):
-        if meta.get(key) not in allowed:
-            raise CorruptLogError(path, 0, f"{key} is {meta.get(key)!r}, not one of {', '.join(allowed)}")
-    ooo = meta.get("allow_out_of_order_delivery", False)
-    if ooo not in (True, False) or (ooo and (meta["type"], meta["isolation"]) != ("shared", "read_committed")):
-        raise CorruptLogError(path, 0, f"allow_out_of_order_delivery is {ooo!r}, not true or false (true only for "
-                                       f"a shared read_committed subscription)")
+    problem = config_problem(meta)
+    if problem is not None:
+        raise CorruptLogError(path, 0, problem)
     return meta
 
 

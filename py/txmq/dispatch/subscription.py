@@ -74,7 +74,7 @@ from txmq.files import sync_dir, write_json
 from txmq.errors import (BrokerClosedError, DataLossError, NotAcknowledgeableError, SubscriptionBusyError,
                          SubscriptionTypeError, TransactionConflictError)
 from txmq.message import MessageId
-from txmq.storage.delivery import READ_COMMITTED, TRANSACTIONAL, read_limit
+from txmq.storage.delivery import ISOLATIONS, READ_COMMITTED, TRANSACTIONAL, read_limit
 from txmq.transactions.records import TxnID
 
 log = logging.getLogger("txmq.subscription")
@@ -86,6 +86,23 @@ TYPES = ("exclusive", "shared", "failover")
 # many single messages acks each in O(1).
 RANGE_DELIVERY_MIN = 16
 POSITIONS = ("latest", "earliest")
+
+
+def config_problem(config: dict) -> str | None:
+    """What is wrong with a ``subscription.json`` (docs/FORMAT.md), or
+    None: a type, isolation and initial position it knows, and
+    ``allow_out_of_order_delivery`` (missing: False) true only for a
+    shared read_committed subscription."""
+    for key, allowed in (("type", TYPES), ("isolation", ISOLATIONS), ("initial_position", POSITIONS)):
+        if config.get(key) not in allowed:
+            return f"\"{key}\" is {config.get(key)!r}, not one of {', '.join(allowed)}"
+    ooo = config.get("allow_out_of_order_delivery", False)
+    if type(ooo) is not bool:
+        return f"\"allow_out_of_order_delivery\" is {ooo!r}, not true or false"
+    if ooo and (config["type"], config["isolation"]) != ("shared", READ_COMMITTED):
+        return (f"\"allow_out_of_order_delivery\" is true for a {config['type']} {config['isolation']} "
+                f"subscription (only a shared read_committed one delivers out of order)")
+    return None
 
 
 class _Lane:
