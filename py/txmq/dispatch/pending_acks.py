@@ -286,8 +286,10 @@ class PendingAcks:
                     # as do those out-of-order delivery parked or released.
                     read_up_to = (lane.buffer[lane.buf_i].offset if lane.buf_i < len(lane.buffer)
                                   else lane.read_offset)
-                    waiting = lane.waiting_spans() if lane.parked or lane.released else ()
-                    starts = [a for a, _ in waiting]
+                    waiting = starts = ()
+                    if lane.parked or lane.released:
+                        waiting = lane.waiting_spans()
+                        starts = [a for a, _ in waiting]
                     # (settled() and _queue_redelivery(), inline: an abort
                     # makes every offset it held deliverable again at once)
                     md, acked, pending = lane.cursor.mark_delete, lane.cursor.acked, lane.pending
