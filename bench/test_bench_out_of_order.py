@@ -69,6 +69,28 @@ conftest.add_comparison(DRAIN_GROUP, conftest.Comparison(
     0.9, ">=", note="goal >= 0.9x the read_uncommitted drain"))
 
 
+def run_rounds(benchmark, group: str, one_round, rounds: int, warmup: int) -> None:
+    """pytest-benchmark runs ``one_round`` (a round of every side, which
+    notes its own figures) ``warmup`` + ``rounds`` times; its own timing
+    of the whole call is not a figure of the comparison."""
+    benchmark.group = group
+    benchmark.extra_info.update({"side": "a round of every side"})
+    benchmark.pedantic(one_round, rounds=rounds, warmup_rounds=warmup, iterations=1)
+
+
+def record(benchmark, results, group: str, series: dict, warmup: int, ops_per_round: int, unit: str,
+           extra: dict | None = None) -> bool:
+    """Give ``results`` each side's median of its ``series`` (seconds per
+    round, the warm-up rounds dropped); False under --benchmark-disable."""
+    if benchmark.stats is None:
+        return False
+    for side, xs in series.items():
+        timed = xs[warmup:]
+        results.add(group, side, statistics.median(timed), ops_per_round, unit, len(timed),
+                    {"mean_s_per_round": statistics.fmean(timed), **(extra or {})}, timed)
+    return True
+
+
 def subscribe(broker, side: str, name: str):
     if side == OUT_OF_ORDER:
         return broker.subscribe("t", name, "shared", initial_position="latest", allow_out_of_order_delivery=True)
@@ -160,20 +182,14 @@ def test_delivery_delay_past_open_transactions(benchmark, results, data_dir):  #
             counts.append(got[UNCOMMITTED][1])
             assert got[OUT_OF_ORDER][1] == got[UNCOMMITTED][1] == got[CLASSIC][1]
 
-        benchmark.group = DELAY_GROUP
-        benchmark.extra_info.update({"side": "round of traffic", "seconds": LIVE_S})
-        benchmark.pedantic(one_round, rounds=DELAY_ROUNDS, warmup_rounds=DELAY_WARMUP, iterations=1)
+        run_rounds(benchmark, DELAY_GROUP, one_round, DELAY_ROUNDS, DELAY_WARMUP)
     finally:
         broker.close()
-    if benchmark.stats is None:          # --benchmark-disable
-        return
-    for side, xs in p99.items():
-        timed = xs[DELAY_WARMUP:]
-        results.add(DELAY_GROUP, side, statistics.median(timed), 1, "s", len(timed),
-                    {"p99_s_per_round": timed, "messages_per_round": counts[DELAY_WARMUP:]}, timed)
-    print({side: f"p99 median {statistics.median(xs[DELAY_WARMUP:]) * 1000:.1f} ms "
-                 f"(rounds {min(xs[DELAY_WARMUP:]) * 1000:.1f}-{max(xs[DELAY_WARMUP:]) * 1000:.1f})"
-           for side, xs in p99.items()})
+    if record(benchmark, results, DELAY_GROUP, p99, DELAY_WARMUP, 1, "s",
+              {"messages_per_round": counts[DELAY_WARMUP:]}):
+        print({side: f"p99 median {statistics.median(xs[DELAY_WARMUP:]) * 1000:.1f} ms "
+                     f"(rounds {min(xs[DELAY_WARMUP:]) * 1000:.1f}-{max(xs[DELAY_WARMUP:]) * 1000:.1f})"
+               for side, xs in p99.items()})
 
 
 def fill(broker, producer, topic: str, values) -> list:
@@ -238,14 +254,7 @@ def test_drain_past_open_transactions(benchmark, results, data_dir):  # noqa: F8
                 times[side].append(t + clock() - t0)
                 assert n == total, (side, n)
 
-        benchmark.group = DRAIN_GROUP
-        benchmark.extra_info.update({"side": "a round of each side"})
-        benchmark.pedantic(pair, rounds=DRAIN_ROUNDS, warmup_rounds=DRAIN_WARMUP, iterations=1)
+        run_rounds(benchmark, DRAIN_GROUP, pair, DRAIN_ROUNDS, DRAIN_WARMUP)
     finally:
         broker.close()
-    if benchmark.stats is None:          # --benchmark-disable
-        return
-    for side, ts in times.items():
-        timed = ts[DRAIN_WARMUP:]
-        results.add(DRAIN_GROUP, side, statistics.median(timed), total, "msg", len(timed),
-                    {"mean_s_per_round": statistics.fmean(timed)}, timed)
+    record(benchmark, results, DRAIN_GROUP, times, DRAIN_WARMUP, total, "msg")

@@ -242,37 +242,11 @@ def check_cpp(b, model: CppModel, run: int | None, lines: list, stage: str | Non
         old, now = model.rc_seen[p], [(m.offset, m.value) for m in rc.get(p, [])]
         assert now[:len(old)] == old, f"{ctx}: B/{p}: committed data that survived a reopen changed"
         model.rc_seen[p] = now
-    groups = {}
     for p, ms in rc.items():
         for m in ms:
-            v = json.loads(m.value)
-            assert str(m.txn_id) == v["txn"], f"{ctx}: {m.message_id} carries {m.txn_id}, value says {v['txn']}"
-            assert p == W.IN_TOPICS.index(v["src"]), f"{ctx}: aggregate of {v['src']} on B/{p}"
-            groups.setdefault((v["run"], v["step"]), {}).setdefault(v["part"], []).append(v)
-    for (r, s), parts in sorted(groups.items()):
-        nparts = next(iter(parts.values()))[0]["nparts"]
-        assert sorted(parts) == list(range(nparts)), \
-            f"{ctx}: run {r} step {s}: committed parts {sorted(parts)} of {nparts} (all or nothing, G1)"
-        for part, vs in parts.items():
-            assert len(vs) == 1, f"{ctx}: run {r} step {s} part {part} is in B {len(vs)} times"
-            v = vs[0]
-            key = (r, s, part)
-            if key in model.outputs:
-                assert model.outputs[key] == v
-                continue
-            assert r == run, f"{ctx}: an aggregate of run {r} appeared after run {run}"
-            model.outputs[key] = v
-            total = 0
-            for pi, off in v["inputs"]:
-                inp = (v["src"], pi, off)
-                assert inp not in model.aborted_inputs, f"{ctx}: {inp} of an aborted transaction was processed"
-                assert inp in model.inputs, f"{ctx}: {key} covers {inp}, which is no input"
-                assert inp not in model.covered, \
-                    f"{ctx}: input {inp} counted twice: by {model.covered[inp]} and by {key}"
-                model.covered[inp] = key
-                total += model.inputs[inp]
-            assert v["sum"] == total, f"{ctx}: {key}: sum {v['sum']} != {total}"
-    committed_steps = {s for (r, s) in groups if r == run}
+            src = json.loads(m.value)["src"]
+            assert p == W.IN_TOPICS.index(src), f"{ctx}: aggregate of {src} on B/{p}"
+    committed_steps = cover_aggregates(rc, model, run, ctx, model.inputs, model.aborted_inputs)
     if run is None:
         committed_steps = returned = set()
     assert returned <= committed_steps, f"{ctx}: returned commits lost: {sorted(returned - committed_steps)}"
@@ -309,6 +283,44 @@ def check_cpp(b, model: CppModel, run: int | None, lines: list, stage: str | Non
         assert not lost, f"{ctx}: {t}: inputs acknowledged but covered by no output (lost): {sorted(lost)[:8]}"
         for m in again:
             assert json.loads(m.value)["v"] == model.inputs[(t, m.partition, m.offset)]
+
+
+def cover_aggregates(rc: dict, model, run, ctx: str, inputs: dict, aborted: set) -> set:
+    """Check the aggregates read_committed shows in B (``rc``, as
+    :func:`view` gives it) and note what they cover in ``model``
+    (``outputs``, ``covered``): every aggregate of a step whole (G1) and
+    once, the new ones of this run only, each covering committed inputs
+    (``inputs``: input -> its value; never one of ``aborted``) that no other
+    aggregate covers, with their sum. Returns the steps of ``run`` in B."""
+    groups = {}
+    for ms in rc.values():
+        for m in ms:
+            v = json.loads(m.value)
+            assert str(m.txn_id) == v["txn"], f"{ctx}: {m.message_id} carries {m.txn_id}, value says {v['txn']}"
+            groups.setdefault((v["run"], v["step"]), {}).setdefault(v["part"], []).append(v)
+    for (r, s), parts in sorted(groups.items()):
+        nparts = next(iter(parts.values()))[0]["nparts"]
+        assert sorted(parts) == list(range(nparts)), \
+            f"{ctx}: run {r} step {s}: committed parts {sorted(parts)} of {nparts} (all or nothing, G1)"
+        for part, vs in parts.items():
+            assert len(vs) == 1, f"{ctx}: run {r} step {s} part {part} is in B {len(vs)} times"
+            v, key = vs[0], (r, s, part)
+            if key in model.outputs:
+                assert model.outputs[key] == v
+                continue
+            assert r == run, f"{ctx}: an aggregate of run {r} appeared after run {run}"
+            model.outputs[key] = v
+            total = 0
+            for pi, off in v["inputs"]:
+                inp = (v["src"], pi, off)
+                assert inp not in aborted, f"{ctx}: {inp} of an aborted transaction was processed (G2)"
+                assert inp in inputs, f"{ctx}: {key} covers {inp}, which is no committed input (G2)"
+                assert inp not in model.covered, \
+                    f"{ctx}: input {inp} counted twice: by {model.covered[inp]} and by {key} (G6)"
+                model.covered[inp] = key
+                total += inputs[inp]
+            assert v["sum"] == total, f"{ctx}: {key}: sum {v['sum']} != {total}"
+    return {s for (r, s) in groups if r == run}
 
 
 def cpp_cycles(tmp_path, stage: str, fsync: str, crash_runs: int, seed: int,
@@ -447,32 +459,8 @@ def check_cppo(b, model: CppoModel, run: int, lines: list, ctx: str, final: bool
     model.counts["received"] += len(said["received"])
     model.counts["past_open"] += len(said["past"])
     # -- the aggregates in B ----------------------------------------------------------------
-    groups = {}
-    for p, ms in view(b, W.OUT_TOPIC, "read_committed").items():
-        for m in ms:
-            v = json.loads(m.value)
-            assert str(m.txn_id) == v["txn"], f"{ctx}: {m.message_id} carries {m.txn_id}, value says {v['txn']}"
-            groups.setdefault((v["run"], v["step"]), {}).setdefault(v["part"], []).append(v)
-    for (r, step), parts in sorted(groups.items()):
-        nparts = next(iter(parts.values()))[0]["nparts"]
-        assert sorted(parts) == list(range(nparts)), f"{ctx}: run {r} step {step}: parts {sorted(parts)} (G1)"
-        for part, vs in parts.items():
-            assert len(vs) == 1, f"{ctx}: run {r} step {step} part {part} is in B {len(vs)} times"
-            v, key = vs[0], (r, step, part)
-            if key in model.outputs:
-                assert model.outputs[key] == v
-                continue
-            assert r == run, f"{ctx}: an aggregate of run {r} appeared after run {run}"
-            model.outputs[key] = v
-            total = 0
-            for pi, off in v["inputs"]:
-                inp = (v["src"], pi, off)
-                assert inp in inputs, f"{ctx}: {key} covers {inp}, not a committed input (G2)"
-                assert inp not in model.covered, f"{ctx}: input {inp} processed twice: {model.covered[inp]}, {key} (G6)"
-                model.covered[inp] = key
-                total += inputs[inp]["v"]
-            assert v["sum"] == total, f"{ctx}: {key}: sum {v['sum']} != {total}"
-    committed_steps = {step for (r, step) in groups if r == run}
+    committed_steps = cover_aggregates(view(b, W.OUT_TOPIC, "read_committed"), model, run, ctx,
+                                       {k: v["v"] for k, v in inputs.items()}, model.aborted)
     returned = {step for step, ev in said["steps"].items() if "K" in ev}
     began = {step for step, ev in said["steps"].items() if "C" in ev}
     assert returned <= committed_steps <= began, \

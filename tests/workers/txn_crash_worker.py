@@ -146,31 +146,59 @@ def make_output(run: int, step: int, txn: str, part: int, nparts: int, src: str,
     }, separators=(",", ":")).encode()
 
 
-def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) -> None:
-    cons = {t: broker.subscribe(t, CPP_SUB, "exclusive", isolation="read_committed",
-                                initial_position="earliest") for t in IN_TOPICS}
-    prod = broker.producer(OUT_TOPIC)
-    out.line("READY")
-    step = 0
-    idle = 0
+def input_steps(cons: dict, rng: random.Random, out: Out, finished=lambda: True, received=None):
+    """The consume side of consume-process-produce: receive from every
+    input subscription (``received(got)`` is told each time) and yield
+    ``(step, {topic: messages})`` for each receive that got any, until
+    nothing came five times in a row and ``finished()``: then print DONE."""
+    step = idle = 0
     while True:
         got = {t: cons[t].receive_many(rng.randint(1, 6), timeout=0.02) for t in IN_TOPICS}
+        if received is not None:
+            received(got)
         if not any(got.values()):
             idle += 1
-            if idle >= 5:
+            if idle >= 5 and finished():
                 out.line("DONE")
                 return
             continue
         idle = 0
         step += 1
+        yield step, got
+
+
+def send_aggregates(prod, run: int, step: int, txn, got: dict) -> None:
+    """One aggregate per input topic that gave messages, to B (A1's to B/0,
+    A2's to B/1), in ``txn``."""
+    parts = [(i, t, ms) for i, (t, ms) in enumerate(got.items()) if ms]
+    for k, (bp, t, ms) in enumerate(parts):
+        prod.send(make_output(run, step, str(txn.id), k, len(parts), t, ms), key=f"{run}.{step}".encode(),
+                  partition=bp, txn=txn)
+
+
+def commit_step(out: Out, step: int, txn) -> None:
+    """Commit a step's transaction between its C and K lines, every other
+    one through commit_async (the flusher thread's path: sync, fan-out,
+    resolve)."""
+    out.line(f"C {step} {txn.id}")
+    if step % 2:
+        txn.commit_async().result()
+    else:
+        txn.commit()
+    out.line(f"K {step} {txn.id}")
+
+
+def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) -> None:
+    cons = {t: broker.subscribe(t, CPP_SUB, "exclusive", isolation="read_committed",
+                                initial_position="earliest") for t in IN_TOPICS}
+    prod = broker.producer(OUT_TOPIC)
+    out.line("READY")
+    for step, got in input_steps(cons, rng, out):
         txn = broker.new_transaction(timeout=60)
         out.line(f"T {step} {txn.id}")
         if stage == "before_send" and step == nth:
             die()
-        parts = [(i, t, ms) for i, (t, ms) in enumerate(got.items()) if ms]
-        for k, (bp, t, ms) in enumerate(parts):
-            value = make_output(run, step, str(txn.id), k, len(parts), t, ms)
-            prod.send(value, key=f"{run}.{step}".encode(), partition=bp, txn=txn)
+        send_aggregates(prod, run, step, txn, got)
         if step == nth and stage in ("send_ack", "ack_commit"):
             # The sends are batched until the commit: the step killed before
             # it puts them in the log first, so that recovery has data of an
@@ -194,12 +222,7 @@ def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) ->
         out.line(f"A {step}")
         if stage == "ack_commit" and step == nth:
             die()
-        out.line(f"C {step} {txn.id}")
-        if step % 2:
-            txn.commit_async().result()    # the flusher thread's path: sync, fan-out, resolve
-        else:
-            txn.commit()
-        out.line(f"K {step} {txn.id}")
+        commit_step(out, step, txn)
 
 
 def feed(broker, out: Out, run: int, index: int, rng: random.Random, committing: set) -> None:
@@ -255,10 +278,8 @@ def cppo(broker, out: Out, run: int, rng: random.Random) -> None:
     for f in feeders:
         f.start()
     mine = f"r{run}."
-    step = 0
-    idle = 0
-    while True:
-        got = {t: cons[t].receive_many(rng.randint(1, 6), timeout=0.02) for t in IN_TOPICS}
+
+    def received(got):
         for t, ms in got.items():
             if ms:
                 out.line(f"R {t} " + " ".join(f"{m.partition}:{m.offset}" for m in ms))
@@ -268,31 +289,17 @@ def cppo(broker, out: Out, run: int, rng: random.Random) -> None:
                     out.line(f"G2 {t} {m.partition}:{m.offset} {key}")
                 if m.offset >= broker.last_stable_offset(t, m.partition):
                     out.line(f"P {t} {m.partition}:{m.offset}")
-        if not any(got.values()):
-            idle += 1
-            if idle >= 5 and not any(f.is_alive() for f in feeders):
-                out.line("DONE")
-                return
-            continue
-        idle = 0
-        step += 1
+
+    for step, got in input_steps(cons, rng, out, lambda: not any(f.is_alive() for f in feeders), received):
         txn = broker.new_transaction(timeout=60)
         out.line(f"T {step} {txn.id}")
-        parts = [(i, t, ms) for i, (t, ms) in enumerate(got.items()) if ms]
-        for k, (bp, t, ms) in enumerate(parts):
-            prod.send(make_output(run, step, str(txn.id), k, len(parts), t, ms), key=f"{run}.{step}".encode(),
-                      partition=bp, txn=txn)
+        send_aggregates(prod, run, step, txn, got)
         out.line(f"S {step}")
         for t, ms in got.items():
             if ms:
                 cons[t].ack(ms if len(ms) > 1 or rng.random() < 0.5 else ms[0], txn=txn)
         out.line(f"A {step}")
-        out.line(f"C {step} {txn.id}")
-        if step % 2:
-            txn.commit_async().result()
-        else:
-            txn.commit()
-        out.line(f"K {step} {txn.id}")
+        commit_step(out, step, txn)
 
 
 # -- matrix -----------------------------------------------------------------------

@@ -237,6 +237,17 @@ class _Bank:
                 txn.commit()
             self.produced += 1
 
+    def _read(self, consumer, batch: int, handle) -> None:
+        """``handle(messages)`` of every receive of ``consumer`` (a reader
+        of REQUESTS) until the clients are done and nothing is left."""
+        lag = self.broker.consumer_lag
+        while not self.stop.is_set():
+            ms = consumer.receive_many(batch, timeout=0.05)
+            if ms:
+                handle(ms)
+            elif self.clients_done.is_set() and not any(lag(REQUESTS, consumer.subscription).values()):
+                return
+
     # the monitor: read_uncommitted, not exactly-once, never held back
 
     def monitor(self) -> None:
@@ -244,12 +255,8 @@ class _Bank:
         c = b.subscribe(REQUESTS, MONITOR, "exclusive", isolation="read_uncommitted",
                         initial_position="earliest")
         mon = self.mon
-        while not self.stop.is_set():
-            ms = c.receive_many(1000, timeout=0.05)
-            if not ms:
-                if self.clients_done.is_set() and not any(b.consumer_lag(REQUESTS, MONITOR).values()):
-                    return
-                continue
+
+        def seen(ms):
             now_ms = time.time() * 1000
             for m in ms:
                 mon["seen"] += 1
@@ -268,20 +275,19 @@ class _Bank:
                 mon["delay_ms_max"] = max(mon["delay_ms_max"], round(delay, 1))
             c.ack(ms)
 
+        self._read(c, 1000, seen)
+
     # the auditor: read_committed out of order, never held back by an open transfer
 
     def auditor(self) -> None:
-        b = self.broker
-        c = b.subscribe(REQUESTS, AUDITOR, "shared", initial_position="earliest",
-                        allow_out_of_order_delivery=True)
-        while not self.stop.is_set():
-            ms = c.receive_many(1000, timeout=0.05)
-            if not ms:
-                if self.clients_done.is_set() and not any(b.consumer_lag(REQUESTS, AUDITOR).values()):
-                    return
-                continue
+        c = self.broker.subscribe(REQUESTS, AUDITOR, "shared", initial_position="earliest",
+                                  allow_out_of_order_delivery=True)
+
+        def audited(ms):
             self._time_held(AUDITOR, ms)
             c.ack(ms)
+
+        self._read(c, 1000, audited)
 
     # the processor: read_committed, exactly once
 
@@ -302,12 +308,8 @@ class _Bank:
         balances = self.restore()
         c = b.subscribe(REQUESTS, PROCESSOR, "exclusive", isolation="read_committed",
                         initial_position="earliest")
-        while not self.stop.is_set():
-            ms = c.receive_many(PROCESSOR_BATCH, timeout=0.05)
-            if not ms:
-                if self.clients_done.is_set() and not any(b.consumer_lag(REQUESTS, PROCESSOR).values()):
-                    return
-                continue
+
+        def process(ms):
             self._time_held(PROCESSOR, ms)
             values, keys, positions = apply(balances, ms)
             txn = tp.begin()
@@ -315,6 +317,8 @@ class _Bank:
             tp.send_offsets_to_transaction(txn, c, positions)
             txn.commit()
             self.applied += len(ms)
+
+        self._read(c, PROCESSOR_BATCH, process)
 
 
 def apply(balances: dict, msgs: list):

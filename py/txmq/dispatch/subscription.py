@@ -401,14 +401,17 @@ class Subscription:
         if type(offsets) is range and len(offsets) >= RANGE_DELIVERY_MIN:
             # A dense run is one batch delivery, as receive_batch makes, not
             # an entry per offset.
-            start, end = offsets.start, offsets.stop
-            lane.ranges.append([start, end, cid])
-            if self.ack_timeout:
-                lane.deadlines.append((now + self.ack_timeout, None, start, end, cid))
+            self._deliver_range(lane, cid, offsets.start, offsets.stop, now)
             return
         lane.outstanding.update(dict.fromkeys(offsets, cid))
         if self.ack_timeout:
             lane.deadlines.append((now + self.ack_timeout, list(offsets), 0, 0, cid))
+
+    def _deliver_range(self, lane: _Lane, cid: int, start: int, end: int, now: float) -> None:
+        """Offsets [start, end) go to consumer ``cid`` as one batch delivery."""
+        lane.ranges.append([start, end, cid])
+        if self.ack_timeout:
+            lane.deadlines.append((now + self.ack_timeout, None, start, end, cid))
 
     def _take_redeliveries(self, lane: _Lane, consumer, n: int, now: float, out: list, below=None) -> None:
         """Due redeliveries (only those below offset ``below``, if given)."""
@@ -693,9 +696,7 @@ class Subscription:
             except SegmentClosedError:
                 heapq.heappush(lane.released, (start, stop))
                 continue
-            lane.ranges.append([start, stop, consumer.id])
-            if self.ack_timeout:
-                lane.deadlines.append((now + self.ack_timeout, None, start, stop, consumer.id))
+            self._deliver_range(lane, consumer.id, start, stop, now)
             return _record_batch(pa, self.topic.name, lane.partition.index, info, bufs,
                                  start - info.base_offset, stop - start)
         return None
@@ -798,9 +799,7 @@ class Subscription:
                 lane.seg = None
                 continue
             lane.read_offset = end
-            lane.ranges.append([start, end, consumer.id])
-            if self.ack_timeout:
-                lane.deadlines.append((now + self.ack_timeout, None, start, end, consumer.id))
+            self._deliver_range(lane, consumer.id, start, end, now)
             return _record_batch(pa, self.topic.name, lane.partition.index, info, bufs,
                                  start - info.base_offset, end - start)
         return None
