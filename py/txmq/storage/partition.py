@@ -139,6 +139,7 @@ class Partition(SegmentLog):
         self._end_listeners.append(cb)
 
     def remove_end_listener(self, cb) -> None:
+        """Forget an end listener (one never added: nothing to do)."""
         try:
             self._end_listeners.remove(cb)
         except ValueError:
