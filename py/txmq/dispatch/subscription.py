@@ -400,8 +400,11 @@ class Subscription:
         cid = consumer.id
         if type(offsets) is range and len(offsets) >= RANGE_DELIVERY_MIN:
             # A dense run is one batch delivery, as receive_batch makes, not
-            # an entry per offset.
-            self._deliver_range(lane, cid, offsets.start, offsets.stop, now)
+            # an entry per offset. (_deliver_range, inline: every receive_many.)
+            start, end = offsets.start, offsets.stop
+            lane.ranges.append([start, end, cid])
+            if self.ack_timeout:
+                lane.deadlines.append((now + self.ack_timeout, None, start, end, cid))
             return
         lane.outstanding.update(dict.fromkeys(offsets, cid))
         if self.ack_timeout:
