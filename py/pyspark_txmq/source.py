@@ -7,7 +7,9 @@ Spark's planner process; it opens the data directory read-only
 (``option("flight", ...)``, :mod:`pyspark_txmq.remote`), takes one view
 per topic partition and fixes every range's end there: the last stable
 offset (maxReadPosition) under ``read_committed``, the log end under
-``read_uncommitted``, or a smaller ``endingOffsets``. ``read()`` runs in
+``read_uncommitted`` or ``allowOutOfOrderDelivery`` (past open
+transactions, whose batches every task skips alike:
+:mod:`txmq.requester.read_plan`), or a smaller ``endingOffsets``. ``read()`` runs in
 an executor's Python worker, opens the directory again (or streams the
 range from the Flight service) and reads exactly that range. Both paths
 run :mod:`txmq.requester.read_plan`, so they plan and read alike. Given
@@ -74,6 +76,7 @@ class OffsetRange(InputPartition):
     end: int
     strict: bool = True
     fallback: object = field(default=None, compare=False)     # a remote.Fallback, for a read given path
+    as_of: tuple | None = None     # allowOutOfOrderDelivery: (maxReadPosition, log end) at planning
 
 
 def split(ranges: list, size: int, min_partitions: int | None) -> list:
@@ -82,7 +85,7 @@ def split(ranges: list, size: int, min_partitions: int | None) -> list:
 
 
 def _range(s, fb=None) -> OffsetRange:
-    return OffsetRange(s.topic, s.partition, s.start, s.end, s.strict, fb)
+    return OffsetRange(s.topic, s.partition, s.start, s.end, s.strict, fb, s.as_of)
 
 
 @dataclass(frozen=True)

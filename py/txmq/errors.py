@@ -162,6 +162,22 @@ class IsolationLevelMismatchError(TxmqError, ValueError):
             f"subscription {subscription!r} reads {have}; a consumer asked for {wanted}")
 
 
+class OutOfOrderDeliveryError(TxmqError, ValueError):
+    """``allow_out_of_order_delivery`` asked where it does not apply: with
+    an exclusive or failover type (they deliver in offset order), with
+    ``read_uncommitted`` (never held back by an open transaction), or
+    another value than the existing subscription was created with
+    (``have``: its value; None when it is the request alone that is
+    refused). ``wanted`` is what the consumer asked for."""
+
+    def __init__(self, subscription: str, reason: str, have: bool | None = None, wanted=None):
+        self.subscription = subscription
+        self.reason = reason
+        self.have = have
+        self.wanted = wanted
+        super().__init__(f"subscription {subscription!r}: {reason}")
+
+
 class TopicBusyError(TxmqError):
     """A topic still has consumers attached, or a prepared transaction
     writes or acknowledges on it (``prepared``: their ids), and was not

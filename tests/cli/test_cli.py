@@ -354,6 +354,37 @@ def test_subscriptions_list_describe_reset(capsys, data):
     assert code == exits.USAGE and "topic 'orders' has no subscription 'bill'; its subscriptions: billing" in err
 
 
+def test_an_out_of_order_subscription_is_described_reset_and_consumed(capsys, monkeypatch, data):
+    """describe shows allow_out_of_order_delivery and a backlog past an open
+    transaction (the held broker's: committed data after it counts, the open
+    one's does not); reset and consume -s keep the setting."""
+    with txmq.Broker(data, fsync="never", linger_ms=0) as b:
+        b.subscribe("orders", "ooo", "shared", initial_position="earliest", allow_out_of_order_delivery=True).close()
+        txn = b.new_transaction(timeout=120)
+        p = b.producer("orders")
+        p.send_batch([b"held"] * 4, partition=0, txn=txn)
+        p.send_batch([b"past"] * 3, partition=0)
+        code, out, _ = run(capsys, "subscriptions", "describe", data, "orders", "ooo")
+        assert code == 0 and out.startswith("subscription ooo on orders: shared, read_committed, out of order "
+                                            "(allow_out_of_order_delivery), backlog 34\n")    # 30 + committed + 3
+        code, out, _ = run(capsys, "subscriptions", "describe", data, "orders", "billing", "--json")
+        assert json.loads(out)["allow_out_of_order_delivery"] is False
+        code, out, _ = run(capsys, "subscriptions", "describe", data, "orders", "ooo", "--json")
+        assert json.loads(out)["backlog"] == 34 == sum(b.consumer_lag("orders", "ooo").values())
+        # The commands that attach a consumer keep the setting: they are handed this broker.
+        monkeypatch.setattr(opening, "open_for_writing", lambda path, progress=None, create=False: _Held(b))
+        code, out, _ = run(capsys, "subscriptions", "reset", data, "orders", "ooo", "--to", "latest", "--json")
+        assert code == 0 and json.loads(out)["allow_out_of_order_delivery"] is True
+        code, out, _ = run(capsys, "subscriptions", "reset", data, "orders", "ooo", "--to", "earliest")
+        assert code == 0
+        code, out, err = run(capsys, "consume", data, "orders", "-s", "ooo", "--timeout", "0.5")
+        assert code == 0, err
+        assert sorted(out.splitlines()) == sorted([f"m{i:02d}" for i in range(30)] + ["committed"] + ["past"] * 3)
+        txn.abort()
+    code, out, _ = run(capsys, "subscriptions", "describe", data, "orders", "ooo", "--json")
+    assert json.loads(out)["backlog"] == 0
+
+
 # -- transactions -------------------------------------------------------------------------------
 
 class _Held:

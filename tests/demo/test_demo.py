@@ -27,7 +27,7 @@ from txmq.demo import bank as demo_bank, scenarios as demo_mod, spark as demo_sp
 PY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
 SIZE = "300"
 SPARK_CHECKS = 4           # rows of the Spark stage's checks
-CHECKS = 17                 # rows of the table without Spark
+CHECKS = 18                 # rows of the table without Spark
 
 
 def run(capsys, *argv):
@@ -66,6 +66,11 @@ def test_demo_in_process(capsys, tmp_path, monkeypatch):
     assert table["committed requests applied exactly once"][0] == table["committed requests applied exactly once"][1]
     assert int(table["monitor (read_uncommitted) saw transfer legs while open"][1].replace(",", "")) > 0
     assert "killed after" in table["bank process SIGKILLed mid-run, then restarted"][1]
+    held = re.fullmatch(r"p99 ([\d,]+) ms vs max ([\d,]+) ms \(([\d,]+) requests in 1 s\)",
+                        table["delay past a transfer held open: out-of-order auditor vs processor"][1])
+    assert held, table
+    auditor_p99, processor_max, requests = (int(g.replace(",", "")) for g in held.groups())
+    assert requests > 0 and auditor_p99 < processor_max
     assert 'spark.read.format("txmq").option("path", "%s")' % d in out
     assert 'pip install "txmq[spark]"' in out
     assert "SIGKILLed after" in err and "aborted" in err
@@ -155,6 +160,17 @@ def test_checks_fail(capsys, tmp_path, monkeypatch):
     assert table["bank process SIGKILLed mid-run, then restarted"][1] == "not killed"
     assert "nothing was killed" in err
     assert out.rstrip().endswith("demo FAILED")
+
+
+def test_the_held_transfer_row_fails_when_either_reader_misbehaves():
+    """The row of the transfer held open: an auditor that waited behind it,
+    a processor that did not, or no request while it was open, fail it."""
+    good = {"held_s": 1.0, "auditor_requests": 80, "auditor_p99_ms": 12, "auditor_max_ms": 30,
+            "processor_requests": 80, "processor_p99_ms": 990, "processor_max_ms": 1001}
+    assert demo_mod._held_check(good)["result"] == "PASS"
+    for bad in (dict(good, auditor_p99_ms=995), dict(good, processor_max_ms=40),
+                dict(good, auditor_requests=0, auditor_p99_ms=None), None):
+        assert demo_mod._held_check(bad)["result"] == "FAIL", bad
 
 
 def test_demo_json_reports_failure(capsys, tmp_path, monkeypatch):

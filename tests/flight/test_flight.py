@@ -144,6 +144,22 @@ def test_a_planned_read_returns_exactly_the_committed_messages(served):
     assert remote.equals(local.combine_chunks())
 
 
+def test_an_out_of_order_read_skips_what_was_open_at_planning(served):
+    """allowOutOfOrderDelivery=true through the service: the plan reaches
+    the log end, its tickets carry the (maxReadPosition, log end) they were
+    planned at, and a DoGet after the open transaction committed still
+    skips it (what every task of the plan reads is fixed at planning)."""
+    conn = FlightConnection(FlightTarget(served.service.location, served.token))
+    tickets = conn.plan({"subscribe": "orders", "allowOutOfOrderDelivery": "true"})
+    assert {t.partition: t.end for t in tickets} == {p: served.broker.high_watermark("orders", p) for p in range(3)}
+    assert all(t.out_of_order and t.as_of[1] == t.end for t in tickets)
+    assert wire.Ticket.decode(tickets[1].encode()) == tickets[1]
+    served.still_open.commit()
+    got = [r for t in tickets for batch in conn.read(t) for r in rows(pa.Table.from_batches([batch]))]
+    after_1 = [e for e in served.everything if e[2].startswith(b"after-1-")]
+    assert sorted(got) == sorted(served.visible + after_1)
+
+
 def test_read_uncommitted_and_headers_through_txmq_client(served):
     conn = FlightConnection(FlightTarget(served.service.location, served.token))
     tickets = conn.plan({"subscribe": "orders", "isolation": "read_uncommitted", "includeHeaders": "true"})

@@ -123,6 +123,43 @@ def test_send_offsets_to_transaction_commits_with_outputs(kafka):
         sorted(b"M%d" % i for i in range(10))
 
 
+def test_kafka_reads_keep_offset_order_beside_an_out_of_order_subscription(kafka):
+    """An out-of-order subscription of the Python API reads past an open
+    transaction; the Kafka front end has no such mode and keeps Kafka's: a
+    read_committed consumer stops at the last stable offset, the group
+    named like that subscription reads its mark-delete (below the open
+    transaction) as its committed offset, and a TxnOffsetCommit to it is
+    refused with INVALID_GROUP_ID (abortable), not with a closed connection."""
+    b = kafka.broker
+    b.create_topic("in")
+    plain = b.producer("in")
+    plain.send_batch([b"m%d" % i for i in range(4)])
+    held = b.new_transaction(timeout=120)
+    plain.send(b"held", txn=held)
+    held.flush()
+    plain.send(b"after")
+    audit = b.subscribe("in", "audit", "shared", initial_position="earliest", allow_out_of_order_delivery=True)
+    got = audit.receive_many(10, timeout=1.0)
+    assert [m.value for m in got] == [b"m0", b"m1", b"m2", b"m3", b"after"]
+    audit.ack(got)
+    rc = confluent_consume(kafka.bootstrap, ["in"], "g-rc", seconds=3)
+    assert [m.value() for m in rc] == [b"m0", b"m1", b"m2", b"m3"]
+    c = confluent_kafka.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "audit",
+                                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                  "isolation.level": "read_committed"})
+    assert [tp.offset for tp in c.committed([confluent_kafka.TopicPartition("in", 0)], 10)] == [4]
+    p = _tx_producer(kafka.bootstrap, "audit-writer")
+    p.begin_transaction()
+    with pytest.raises(confluent_kafka.KafkaException) as e:
+        p.send_offsets_to_transaction([confluent_kafka.TopicPartition("in", 0, 6)], c.consumer_group_metadata(), 10)
+    assert e.value.args[0].code() == confluent_kafka.KafkaError.INVALID_GROUP_ID
+    assert e.value.args[0].txn_requires_abort()
+    p.abort_transaction(10)
+    c.close()
+    held.commit()
+    assert [m.value for m in audit.receive_many(10, timeout=1.0)] == [b"held"]
+
+
 def test_older_instance_is_fenced_and_its_transaction_aborted(kafka):
     kafka.broker.create_topic("f")
     old = _tx_producer(kafka.bootstrap, "zombie")

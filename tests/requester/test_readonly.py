@@ -346,6 +346,51 @@ def test_inspection_of_subscriptions_and_transactions(tmp_path):
         b.close()
 
 
+def test_out_of_order_reads_and_backlog_past_an_open_transaction(tmp_path):
+    """``allow_out_of_order_delivery``: a read to the log end that skips the
+    transactions open (and aborted) as of a view, the same whatever they
+    became since (``as_of``); and the backlog of an out-of-order
+    subscription counts committed data past an open transaction and not the
+    open one's, as the owner's stats() does."""
+    data = tmp_path / "data"
+    with txmq.Broker(data, fsync="never", linger_ms=0) as b:
+        b.create_topic("t", 1)
+        prod = b.producer("t")
+        c = b.subscribe("t", "o", "shared", initial_position="earliest", allow_out_of_order_delivery=True)
+        prod.send(b"a")                                      # 0
+        held = b.new_transaction()
+        prod.send_batch([b"h0", b"h1"], txn=held)            # 1, 2
+        prod.send(b"b")                                      # 3
+        bad = b.new_transaction()
+        prod.send(b"x", txn=bad)                             # 4
+        bad.abort()                                          # marker 5
+        with b.transaction() as txn:
+            prod.send(b"c", txn=txn)                         # 6, marker 7
+        c.ack(c.receive_many(1, timeout=1.0))               # a
+        with readonly.open(data) as ro:
+            view = ro.view("t", 0)
+            as_of = (view.max_read_position, view.log_end)
+            assert as_of == (1, 8)
+            past = [m.value for m in ro.read("t", 0, 0, allow_out_of_order_delivery=True)]
+            assert past == [b"a", b"b", b"c"]
+            assert [m.value for m in ro.read("t", 0, 0)] == [b"a"]
+            arrow = ro.read_arrow("t", 0, 0, allow_out_of_order_delivery=True, gather_below=0)
+            assert [v for rb in arrow for v in rb.column("value").to_pylist()] == [b"a", b"b", b"c"]
+            info = ro.subscription("t", "o")
+            assert info["allow_out_of_order_delivery"] is True
+            assert info["partitions"][0]["backlog"] == 2 == b.consumer_lag("t", "o")[0]     # b, c
+            with pytest.raises(InvalidArgumentError):
+                ro.read("t", 0, 0, isolation="read_uncommitted", allow_out_of_order_delivery=True)
+        held.commit()
+        with readonly.open(data) as ro:
+            # Pinned to the earlier view, the transaction open then stays skipped.
+            pinned = [m.value for m in ro.read("t", 0, 0, as_of=as_of, allow_out_of_order_delivery=True)]
+            assert pinned == [b"a", b"b", b"c"]
+            now = [m.value for m in ro.read("t", 0, 0, allow_out_of_order_delivery=True)]
+            assert now == [b"a", b"h0", b"h1", b"b", b"c"]
+            assert ro.subscription("t", "o")["partitions"][0]["backlog"] == 4 == b.consumer_lag("t", "o")[0]
+
+
 def test_a_directory_nobody_holds_closes_its_files_without_a_collection(tmp_path):
     """No reference cycle keeps a read-only directory's descriptors and
     mappings alive until the garbage collector runs (a long-lived process

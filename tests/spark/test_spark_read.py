@@ -17,6 +17,7 @@ One SparkSession serves the whole test session (tests/helpers/spark_fixtures.py)
 """
 
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from pyspark_txmq.source import OffsetRange, admit, parse_read_options, split
 from killer import worker
 from spark_fixtures import spark  # noqa: F401  (pytest fixture)
 from txmq.errors import InvalidArgumentError
+from txmq.requester import read_plan
 
 WRITER = worker("readonly_writer.py")
 T0 = 1_700_000_000_000         # event times of the workload, ms
@@ -143,6 +145,75 @@ def test_batch_read_returns_exactly_the_committed_messages(spark, tmp_path):
         assert got == sorted(r[:7] for r, txn in w.sent if r[0] == "orders" and txn is not aborted)
 
 
+def out_of_order_workload(broker) -> tuple:
+    """Topic ``t`` (2 partitions): plain, committed and aborted data, and on
+    partition 1 a transaction left open with committed data after it.
+    Returns (the open transaction, the rows every out-of-order read shows
+    now, the open transaction's rows)."""
+    broker.create_topic("t", 2)
+    prod = broker.producer("t")
+    w = Workload(broker)
+    for p in range(2):
+        w.send(prod, "t", [b"plain-%d-%d" % (p, i) for i in range(5)], p, t=p)
+    held = broker.new_transaction(timeout=600)
+    bad = broker.new_transaction()
+    w.send(prod, "t", [b"open-%d" % i for i in range(3)], 1, txn=held, t=10)
+    w.send(prod, "t", [b"bad-%d" % i for i in range(2)], 1, txn=bad, t=20)
+    with broker.transaction() as txn:
+        for p in range(2):
+            w.send(prod, "t", [b"C-%d-%d" % (p, i) for i in range(4)], p, txn=txn, t=30 + p)
+    bad.abort()
+    w.send(prod, "t", [b"after-%d" % i for i in range(3000)], 1, t=40)
+    now = sorted(r[:7] for r, txn in w.sent if txn is None or txn.state.value == "COMMITTED")
+    held_rows = sorted(r[:7] for r, txn in w.sent if txn is held)
+    return held, now, held_rows
+
+
+def test_batch_read_out_of_order_reads_committed_data_past_open_transactions(spark, tmp_path):
+    """allowOutOfOrderDelivery=true: every committed and plain row up to
+    the log end, past the open transaction on partition 1, never the open
+    or aborted ones; read_committed alone stops at maxReadPosition."""
+    data = tmp_path / "data"
+    with txmq.Broker(data, fsync="never", linger_ms=0) as broker:
+        held, now, held_rows = out_of_order_workload(broker)
+        got = rows_of(load(spark, data, subscribe="t", allowOutOfOrderDelivery="true", maxOffsetsPerPartition="500"))
+        assert got == now
+        classic = rows_of(load(spark, data, subscribe="t"))
+        assert len(classic) < len(now) and not {r[4] for r in classic if r[1] == 1} & {b"after-0", b"C-1-0"}
+        held.commit()
+        got = rows_of(load(spark, data, subscribe="t", allowOutOfOrderDelivery="true"))
+        assert got == sorted(now + held_rows)
+
+
+def test_an_out_of_order_plan_reads_alike_whenever_its_tasks_run(tmp_path):
+    """The tasks of a planned out-of-order read skip the transactions open
+    when it was planned, even once they have committed: a task run late,
+    or again, returns the rows the plan saw."""
+    data = tmp_path / "data"
+    with txmq.Broker(data, fsync="never", linger_ms=0) as broker:
+        held, now, held_rows = out_of_order_workload(broker)
+        opts = parse_read_options({"path": str(data), "subscribe": "t", "allowOutOfOrderDelivery": "true",
+                                   "maxOffsetsPerPartition": "700"}, streaming=False)
+        with readonly.open(data) as ro:
+            splits = read_plan.plan(opts, ro)
+        assert {s.as_of for s in splits if s.partition == 1} == {(5, broker.high_watermark("t", 1))}
+        assert max(s.end for s in splits if s.partition == 1) == broker.high_watermark("t", 1)
+
+        def rows():
+            out = []
+            for s in splits:
+                for rb in read_plan.read_split(opts, s):
+                    out += [(s.topic, s.partition, o, v) for o, v in zip(rb.column("offset").to_pylist(),
+                                                                         rb.column("value").to_pylist())]
+            return sorted(out)
+
+        before = rows()
+        assert before == sorted((r[0], r[1], r[2], r[4]) for r in now)
+        held.commit()
+        assert rows() == before
+        assert pickle.loads(pickle.dumps(splits)) == splits
+
+
 def test_offsets_json_and_splitting_into_ranges(spark, tmp_path):
     data = tmp_path / "data"
     with txmq.Broker(data, fsync="never") as broker:
@@ -232,6 +303,11 @@ BAD_OPTIONS = [
     ({"path": "/d", "subscribe": "t", "startingOffsetsByTimestampStrategy": "closest"}, False,
      "startingOffsetsByTimestampStrategy 'closest'"),
     ({"path": "/d", "assign": '{"t": [-1]}'}, False, "assign"),
+    ({"path": "/d", "subscribe": "t", "allowOutOfOrderDelivery": "sometimes"}, False,
+     "allowOutOfOrderDelivery 'sometimes'"),
+    ({"path": "/d", "subscribe": "t", "allowOutOfOrderDelivery": "true"}, True, "false in a streaming read"),
+    ({"path": "/d", "subscribe": "t", "allowOutOfOrderDelivery": "true", "isolation": "read_uncommitted"}, False,
+     "false with isolation read_uncommitted"),
 ]
 
 

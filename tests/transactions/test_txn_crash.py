@@ -26,10 +26,21 @@ again until every input is processed. After every restart:
   reports no backlog (test_backlog_stat_matches_delivery_after_crash
   checks the backlog statistic after every reopen).
 
+Consume-process-produce out of order (G2, G6 under
+``allow_out_of_order_delivery``): the ``aggo`` subscriptions are shared and
+read past open transactions, while feeder threads of the same process keep
+input transactions open a while and then commit or abort them; the worker is
+SIGKILLed at random moments (now and then at a crash point). After every
+reopen: no input of an aborted or still-open transaction was ever delivered
+(live or after), none before its commit began, each committed input is
+covered by at most one committed aggregate, the subscriptions deliver again
+exactly the committed inputs no aggregate covers (each once), their backlog
+counts exactly those, and at the end every committed input is covered once.
+
 Random crash matrix (G1, G2, G4): threads run transactions across the
-partitions of two topics and three subscriptions, commit, abort, get
-force-aborted or time out, and the process is killed at random moments (or
-at a crash point). The checker then proves from the worker's lines and the
+partitions of two topics and four subscriptions (one of them out of
+order), commit, abort, get force-aborted or time out, and the process is
+killed at random moments (or at a crash point). The checker then proves from the worker's lines and the
 reopened broker: all-or-nothing per transaction for messages and acks,
 READ_COMMITTED delivers only committed data (also what the worker received
 live), every returned commit and send is there, committed acks are in the
@@ -76,11 +87,12 @@ def view(broker, topic: str, isolation: str) -> dict:
     return out
 
 
-def backlog(broker, topic: str, sub: str, type: str, isolation: str = "read_committed"):
+def backlog(broker, topic: str, sub: str, type: str, isolation: str = "read_committed", out_of_order: bool = False):
     """What ``sub`` delivers right after a reopen (everything it has not
     acknowledged), and its backlog in stats() before that."""
     stats = broker.stats()["topics"][topic]["subscriptions"][sub]
-    c = broker.subscribe(topic, sub, type, isolation=isolation, initial_position="earliest")
+    c = broker.subscribe(topic, sub, type, isolation=isolation, initial_position="earliest",
+                         allow_out_of_order_delivery=out_of_order)
     try:
         ms = drain(c)
     finally:
@@ -222,37 +234,11 @@ def check_cpp(b, model: CppModel, run: int | None, lines: list, stage: str | Non
         old, now = model.rc_seen[p], [(m.offset, m.value) for m in rc.get(p, [])]
         assert now[:len(old)] == old, f"{ctx}: B/{p}: committed data that survived a reopen changed"
         model.rc_seen[p] = now
-    groups = {}
     for p, ms in rc.items():
         for m in ms:
-            v = json.loads(m.value)
-            assert str(m.txn_id) == v["txn"], f"{ctx}: {m.message_id} carries {m.txn_id}, value says {v['txn']}"
-            assert p == W.IN_TOPICS.index(v["src"]), f"{ctx}: aggregate of {v['src']} on B/{p}"
-            groups.setdefault((v["run"], v["step"]), {}).setdefault(v["part"], []).append(v)
-    for (r, s), parts in sorted(groups.items()):
-        nparts = next(iter(parts.values()))[0]["nparts"]
-        assert sorted(parts) == list(range(nparts)), \
-            f"{ctx}: run {r} step {s}: committed parts {sorted(parts)} of {nparts} (all or nothing, G1)"
-        for part, vs in parts.items():
-            assert len(vs) == 1, f"{ctx}: run {r} step {s} part {part} is in B {len(vs)} times"
-            v = vs[0]
-            key = (r, s, part)
-            if key in model.outputs:
-                assert model.outputs[key] == v
-                continue
-            assert r == run, f"{ctx}: an aggregate of run {r} appeared after run {run}"
-            model.outputs[key] = v
-            total = 0
-            for pi, off in v["inputs"]:
-                inp = (v["src"], pi, off)
-                assert inp not in model.aborted_inputs, f"{ctx}: {inp} of an aborted transaction was processed"
-                assert inp in model.inputs, f"{ctx}: {key} covers {inp}, which is no input"
-                assert inp not in model.covered, \
-                    f"{ctx}: input {inp} counted twice: by {model.covered[inp]} and by {key}"
-                model.covered[inp] = key
-                total += model.inputs[inp]
-            assert v["sum"] == total, f"{ctx}: {key}: sum {v['sum']} != {total}"
-    committed_steps = {s for (r, s) in groups if r == run}
+            src = json.loads(m.value)["src"]
+            assert p == W.IN_TOPICS.index(src), f"{ctx}: aggregate of {src} on B/{p}"
+    committed_steps = cover_aggregates(rc, model, run, ctx, model.inputs, model.aborted_inputs)
     if run is None:
         committed_steps = returned = set()
     assert returned <= committed_steps, f"{ctx}: returned commits lost: {sorted(returned - committed_steps)}"
@@ -289,6 +275,44 @@ def check_cpp(b, model: CppModel, run: int | None, lines: list, stage: str | Non
         assert not lost, f"{ctx}: {t}: inputs acknowledged but covered by no output (lost): {sorted(lost)[:8]}"
         for m in again:
             assert json.loads(m.value)["v"] == model.inputs[(t, m.partition, m.offset)]
+
+
+def cover_aggregates(rc: dict, model, run, ctx: str, inputs: dict, aborted: set) -> set:
+    """Check the aggregates read_committed shows in B (``rc``, as
+    :func:`view` gives it) and note what they cover in ``model``
+    (``outputs``, ``covered``): every aggregate of a step whole (G1) and
+    once, the new ones of this run only, each covering committed inputs
+    (``inputs``: input -> its value; never one of ``aborted``) that no other
+    aggregate covers, with their sum. Returns the steps of ``run`` in B."""
+    groups = {}
+    for ms in rc.values():
+        for m in ms:
+            v = json.loads(m.value)
+            assert str(m.txn_id) == v["txn"], f"{ctx}: {m.message_id} carries {m.txn_id}, value says {v['txn']}"
+            groups.setdefault((v["run"], v["step"]), {}).setdefault(v["part"], []).append(v)
+    for (r, s), parts in sorted(groups.items()):
+        nparts = next(iter(parts.values()))[0]["nparts"]
+        assert sorted(parts) == list(range(nparts)), \
+            f"{ctx}: run {r} step {s}: committed parts {sorted(parts)} of {nparts} (all or nothing, G1)"
+        for part, vs in parts.items():
+            assert len(vs) == 1, f"{ctx}: run {r} step {s} part {part} is in B {len(vs)} times"
+            v, key = vs[0], (r, s, part)
+            if key in model.outputs:
+                assert model.outputs[key] == v
+                continue
+            assert r == run, f"{ctx}: an aggregate of run {r} appeared after run {run}"
+            model.outputs[key] = v
+            total = 0
+            for pi, off in v["inputs"]:
+                inp = (v["src"], pi, off)
+                assert inp not in aborted, f"{ctx}: {inp} of an aborted transaction was processed (G2)"
+                assert inp in inputs, f"{ctx}: {key} covers {inp}, which is no committed input (G2)"
+                assert inp not in model.covered, \
+                    f"{ctx}: input {inp} counted twice: by {model.covered[inp]} and by {key} (G6)"
+                model.covered[inp] = key
+                total += inputs[inp]
+            assert v["sum"] == total, f"{ctx}: {key}: sum {v['sum']} != {total}"
+    return {s for (r, s) in groups if r == run}
 
 
 def cpp_cycles(tmp_path, stage: str, fsync: str, crash_runs: int, seed: int,
@@ -356,6 +380,147 @@ def test_consume_process_produce_crash_many(tmp_path, stage, fsync):
     models = [cpp_cycles(tmp_path / str(i), stage, fsync, crash_runs=4,
                          seed=4500 + STAGES.index(stage) * 100 + FSYNCS.index(fsync) * 10 + i) for i in range(5)]
     assert_no_backlog(*models)
+
+
+# ======================================================================================
+# (2b) consume-process-produce out of order, killed at random
+# ======================================================================================
+
+class CppoModel:
+    def __init__(self):
+        self.outputs = {}         # (run, step, part) -> value dict, committed in B
+        self.covered = {}         # input (topic, partition, offset) -> (run, step, part)
+        self.aborted = set()      # inputs of feeder transactions known aborted
+        self.counts = {"kills": 0, "crash_points": 0, "past_open": 0, "received": 0, "redelivered": 0}
+
+
+def parse_cppo(lines: list, ctx: str) -> dict:
+    """What the worker's lines say: feeder transactions (items, and IC / IK
+    / IA seen), plain inputs, live receipts, steps (T, C, K)."""
+    feeds, plain, received, steps, past = {}, set(), set(), {}, set()
+    for line in lines:
+        kind, *f = line.split()
+        if kind in ("READY", "DONE"):
+            continue
+        if kind == "IS":
+            feeds[f[0]] = {"items": {tuple((x.split(":")[0], *map(int, x.split(":")[1:]))) for x in f[2:]},
+                           "events": set()}
+        elif kind in ("IC", "IK", "IA"):
+            feeds[f[0]]["events"].add(kind)
+        elif kind == "IN":
+            t, p, off = f[0].split(":")
+            plain.add((t, int(p), int(off)))
+        elif kind == "R":
+            received.update((f[0], *map(int, x.split(":"))) for x in f[1:])
+        elif kind == "G2":
+            raise AssertionError(f"{ctx}: {f[0]} {f[1]} of feeder transaction {f[2]} was delivered (out of order) "
+                                 f"before its commit began (G2)")
+        elif kind == "P":
+            past.add((f[0], *map(int, f[1].split(":"))))
+        elif kind in ("T", "S", "A", "C", "K"):
+            steps.setdefault(int(f[0]), set()).add(kind)
+        else:
+            raise AssertionError(f"{ctx}: unknown worker line {line!r}")
+    return {"feeds": feeds, "plain": plain, "received": received, "steps": steps, "past": past}
+
+
+def check_cppo(b, model: CppoModel, run: int, lines: list, ctx: str, final: bool) -> None:
+    check_no_open_transactions(b, W.IN_TOPICS + (W.OUT_TOPIC,))
+    said = parse_cppo(lines, ctx)
+    # -- the inputs, as read_committed shows them after recovery -----------------------
+    inputs = {}
+    for t in W.IN_TOPICS:
+        for p, ms in view(b, t, "read_committed").items():
+            for m in ms:
+                inputs[(t, p, m.offset)] = json.loads(m.value)
+    for key, fd in said["feeds"].items():
+        shown = fd["items"] & set(inputs)
+        if "IK" in fd["events"]:
+            assert shown == fd["items"], f"{ctx}: feeder {key} committed, but {sorted(fd['items'] - shown)} lost (G4)"
+        elif "IA" in fd["events"] or "IC" not in fd["events"]:
+            assert not shown, f"{ctx}: feeder {key} aborted or open at the kill, yet {sorted(shown)} are committed"
+            model.aborted |= fd["items"]
+        else:                                       # killed in its commit: all or nothing
+            assert shown in (set(), fd["items"]), f"{ctx}: feeder {key}: {len(shown)} of {len(fd['items'])} (G1)"
+            if not shown:
+                model.aborted |= fd["items"]
+    for loc in said["plain"]:
+        assert loc in inputs, f"{ctx}: plain input {loc} lost"
+    stray = said["received"] - set(inputs)
+    assert not stray, f"{ctx}: delivered out of order, yet not committed: {sorted(stray)[:5]} (G2)"
+    model.counts["received"] += len(said["received"])
+    model.counts["past_open"] += len(said["past"])
+    # -- the aggregates in B ----------------------------------------------------------------
+    committed_steps = cover_aggregates(view(b, W.OUT_TOPIC, "read_committed"), model, run, ctx,
+                                       {k: v["v"] for k, v in inputs.items()}, model.aborted)
+    returned = {step for step, ev in said["steps"].items() if "K" in ev}
+    began = {step for step, ev in said["steps"].items() if "C" in ev}
+    assert returned <= committed_steps <= began, \
+        f"{ctx}: returned commits {sorted(returned - committed_steps)} lost, or {sorted(committed_steps - began)} " \
+        f"committed without a commit call"
+    # -- the acks: exactly the uncovered committed inputs come again, once each ---------------
+    for t in W.IN_TOPICS:
+        again, stat = backlog(b, t, W.OOO_SUB, "shared", out_of_order=True)
+        got = {(t, m.partition, m.offset) for m in again}
+        assert len(got) == len(again), f"{ctx}: {t}: an input delivered twice after the reopen"
+        assert not got & model.aborted, f"{ctx}: {t}: input of an aborted transaction delivered"
+        want = {k for k in inputs if k[0] == t} - set(model.covered)
+        assert got == want, (f"{ctx}: {t}: delivered again {sorted(got - want)[:5]} (acked or not an input), "
+                             f"missing {sorted(want - got)[:5]} (acknowledged, but covered by no aggregate)")
+        assert stat == len(again), f"{ctx}: {t}: stats() backlog {stat}, but {len(again)} messages came again"
+        model.counts["redelivered"] += len(again)
+    if final:
+        assert set(model.covered) == set(inputs), f"inputs never processed: {sorted(set(inputs) - set(model.covered))[:8]}"
+
+
+def cppo_cycles(tmp_path, fsync: str, crash_runs: int, seed: int) -> CppoModel:
+    rng = random.Random(seed)
+    data = tmp_path / "data"
+    with txmq.Broker(data, fsync=fsync) as b:
+        for t in W.IN_TOPICS:
+            b.create_topic(t, W.IN_PARTITIONS)
+            b.subscribe(t, W.OOO_SUB, "shared", initial_position="earliest", allow_out_of_order_delivery=True).close()
+        b.create_topic(W.OUT_TOPIC, W.OUT_PARTITIONS)
+    model = CppoModel()
+    for run in range(crash_runs + 1):
+        crash = run < crash_runs
+        out_path = tmp_path / f"cppo-{run}.txt"
+        argv = [sys.executable, WORKER, "cppo", str(data), fsync, str(run), str(rng.randrange(1 << 30))]
+        crash_at = None
+        if crash and rng.random() < 0.3:
+            crash_at = f"{rng.choice(W.CRASH_POINTS)}@{rng.randint(1, 8)}"
+            model.counts["crash_points"] += 1
+        ctx = f"[cppo fsync={fsync} seed={seed} run={run} crash_at={crash_at}]"
+        if crash:
+            code, err, exited = start_and_kill(argv, worker_env(crash_at), out_path, rng, p_after_ready=0.9,
+                                               after_ready=(0.1, 1.5))
+            assert code == -signal.SIGKILL or (exited and code == 0), f"{ctx}: worker exited with {code}: {err}"
+            model.counts["kills"] += code == -signal.SIGKILL
+        else:
+            proc = subprocess.run(argv, stdout=open(out_path, "wb"), stderr=subprocess.PIPE, env=worker_env(),
+                                  timeout=SETTLE_TIMEOUT)
+            assert proc.returncode == 0, f"{ctx}: worker exited with {proc.returncode}: {proc.stderr.decode()}"
+        lines = read_lines(out_path)
+        if not crash:
+            assert lines[-1] == "DONE", f"{ctx}: the worker did not finish: {lines[-3:]}"
+        with txmq.Broker(data, fsync=fsync) as b:
+            check_cppo(b, model, run, lines, ctx, final=not crash)
+    print("cppo:", model.counts)
+    # The run exercised what it claims to: kills, and deliveries past open transactions.
+    assert model.counts["kills"] >= 1 and model.counts["received"] > 0 and model.counts["past_open"] > 0, model.counts
+    return model
+
+
+@pytest.mark.parametrize("fsync", ["commit", "never"])
+def test_consume_process_produce_out_of_order_crash(tmp_path, fsync):
+    cppo_cycles(tmp_path, fsync, crash_runs=4, seed=5100 + FSYNCS.index(fsync))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fsync", FSYNCS)
+def test_consume_process_produce_out_of_order_crash_many(tmp_path, fsync):
+    for i in range(5):
+        cppo_cycles(tmp_path / str(i), fsync, crash_runs=8, seed=5200 + FSYNCS.index(fsync) * 10 + i)
 
 
 # ======================================================================================
@@ -504,7 +669,7 @@ def check_matrix(b, model: MatrixModel, lines: list, ctx: str) -> None:
     observed = {}
     universes = {}
     for sub, (topic, stype, iso) in W.M_SUBS.items():
-        again, _ = backlog(b, topic, sub, stype, iso)
+        again, _ = backlog(b, topic, sub, stype, iso, sub in W.M_OUT_OF_ORDER)
         universe = {(p, off) for (t_, p, off) in (rc if iso == "read_committed" else ru) if t_ == topic}
         universes[sub] = universe
         got = [(m.partition, m.offset) for m in again]
@@ -651,7 +816,8 @@ def matrix_cycles(tmp_path, cycles: int, seed: int, fsyncs=("commit", "never"), 
         for topic, n in W.M_TOPICS.items():
             b.create_topic(topic, n)
         for sub, (topic, stype, iso) in W.M_SUBS.items():
-            b.subscribe(topic, sub, stype, isolation=iso, initial_position="earliest").close()
+            b.subscribe(topic, sub, stype, isolation=iso, initial_position="earliest",
+                        allow_out_of_order_delivery=sub in W.M_OUT_OF_ORDER).close()
     model = MatrixModel()
     pending_lines = []
     for cycle in range(cycles):

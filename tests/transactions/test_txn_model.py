@@ -2,9 +2,10 @@
 G1, G2, G3, G6, G7, G8) against a small pure-Python reference model.
 
 The broker runs on a temp dir (fsync="never") with two topics of two
-partitions each and, per topic, four subscriptions with one consumer each:
+partitions each and, per topic, five subscriptions with one consumer each:
 exclusive / read_committed, failover / read_uncommitted, shared /
-read_committed, shared / read_uncommitted. Random rules begin transactions;
+read_committed, shared / read_uncommitted, and shared / read_committed with
+``allow_out_of_order_delivery`` (past open transactions). Random rules begin transactions;
 send plainly or in a transaction (one message or a batch); receive; ack in
 a transaction, individually or cumulatively, including acks that must
 conflict; ack by MessageId in a transaction messages not yet delivered;
@@ -22,15 +23,19 @@ the consumer, or deliverable (again) with which redelivery count.
 
 Checked at every delivery: the message is deliverable (READ_COMMITTED: plain
 or committed, below the first offset of every open transaction there;
+out of order: plain or committed, anywhere below the log end;
 READ_UNCOMMITTED: any data message; never acknowledged, pending in an open
 transaction or already outstanding), with the right bytes, transaction id
 and redelivery count, and fresh deliveries come in offset order per
-partition; a receive_many(k) returning fewer than k leaves nothing
-deliverable. After every step: broker.transactions() is exactly the open
+partition (but out of order); a receive_many(k) returning fewer than k
+leaves nothing deliverable (so an open transaction's messages are
+deliverable out of order as soon as it commits). After every step: broker.transactions() is exactly the open
 transactions with their partitions and subscriptions; per partition the end
 offset, max_read_position and open-transaction count; per subscription
 partition the unacked count and a mark-delete that never passes a message
-the model has not seen acknowledged; every transaction handle's state.
+the model has not seen acknowledged, and out of order its backlog: the
+committed and plain messages not acknowledged; every transaction handle's
+state.
 
 Shrinking is off by default: shrinking a failure of this machine takes
 longer than the suite's 300 s timeout (which would hide the report), so a
@@ -60,7 +65,9 @@ PARTS = 2
 SUBS = (("xrc", "exclusive", "read_committed"),
         ("fru", "failover", "read_uncommitted"),
         ("src", "shared", "read_committed"),
-        ("sru", "shared", "read_uncommitted"))
+        ("sru", "shared", "read_uncommitted"),
+        ("soo", "shared", "read_committed"))
+OUT_OF_ORDER = {"soo"}        # allow_out_of_order_delivery=True
 SUB_INFO = {name: (type_, iso) for name, type_, iso in SUBS}
 SUB_KEYS = [(t, s) for t in TOPICS for s, _, _ in SUBS]
 PARTITION_KEYS = [(t, p) for t in TOPICS for p in range(PARTS)]
@@ -145,7 +152,8 @@ class TxnModel(RuleBasedStateMachine):
     def _subscribe(self, key):
         t, s = key
         type_, iso = SUB_INFO[s]
-        return self.broker.subscribe(t, s, type_, isolation=iso, initial_position="earliest", nack_delay=0)
+        return self.broker.subscribe(t, s, type_, isolation=iso, initial_position="earliest", nack_delay=0,
+                                     allow_out_of_order_delivery=s in OUT_OF_ORDER)
 
     def teardown(self):
         self.broker.close()
@@ -171,15 +179,20 @@ class TxnModel(RuleBasedStateMachine):
         firsts = [T.first[tp] for T in self.open_txns() if tp in T.first]
         return min(firsts) if firsts else len(self.log[tp])
 
-    def visible(self, t, p, o, iso):
-        """Whether offset ``o`` may be delivered under ``iso`` now."""
+    def visible(self, t, p, o, iso, out_of_order=False):
+        """Whether offset ``o`` may be delivered under ``iso`` now (out of
+        order: plain or committed, whatever is open before it)."""
         entry = self.log[(t, p)][o]
         if entry[0] != "d":
             return False
         if iso == "read_uncommitted":
             return True
         txn = entry[2]
-        return (txn is None or txn.state == "committed") and o < self.mrp((t, p))
+        return (txn is None or txn.state == "committed") and (out_of_order or o < self.mrp((t, p)))
+
+    def visible_to(self, s, t, p, o):
+        """:meth:`visible` for subscription ``s``."""
+        return self.visible(t, p, o, SUB_INFO[s][1], s in OUT_OF_ORDER)
 
     def owner(self, key, o):
         """The open transaction holding ``o`` pending on lane ``key``, or None."""
@@ -199,7 +212,7 @@ class TxnModel(RuleBasedStateMachine):
 
     def deliverable(self, key, o):
         t, s, p = key
-        return self.visible(t, p, o, SUB_INFO[s][1]) and self.lane_state(key, o) == "available"
+        return self.visible_to(s, t, p, o) and self.lane_state(key, o) == "available"
 
     def available(self, sub):
         t, s = sub
@@ -260,7 +273,7 @@ class TxnModel(RuleBasedStateMachine):
                     continue
                 if o in lane.acked or self.owner(key, o) is not None:
                     continue
-                if o not in T.indiv.get(key, ()) and not self.visible(t, p, o, SUB_INFO[s][1]):
+                if o not in T.indiv.get(key, ()) and not self.visible_to(s, t, p, o):
                     continue            # under the cumulative ack but never deliverable here
                 assert o not in lane.outstanding, f"model: {key}@{o} pending and outstanding"
                 if (p, o) in self.delivered[(t, s)]:
@@ -409,7 +422,7 @@ class TxnModel(RuleBasedStateMachine):
         if iso == "read_committed":
             assert txn is None or txn.state == "committed", \
                 f"G2: {s} delivered {m.message_id} of {txn.state} transaction {txn.id}"
-            assert o < self.mrp((t, p)), \
+            assert o < self.mrp((t, p)) or s in OUT_OF_ORDER, \
                 f"G2: {s} delivered {m.message_id} at or past max_read_position {self.mrp((t, p))}"
         state = self.lane_state(key, o)
         assert state == "available", f"{s} delivered {m.message_id} which is {state}"
@@ -420,7 +433,8 @@ class TxnModel(RuleBasedStateMachine):
         lane.count[o] = m.redelivery_count
         if o >= lane.hw:
             skipped = [x for x in range(lane.hw, o) if self.deliverable(key, x)]
-            assert not skipped, f"{s}: {m.message_id} delivered before {t}/{p}@{skipped} (offset order)"
+            assert not skipped or s in OUT_OF_ORDER, \
+                f"{s}: {m.message_id} delivered before {t}/{p}@{skipped} (offset order)"
             lane.hw = o + 1
         lane.outstanding[o] = m
         self.delivered[sub][(p, o)] = m
@@ -642,11 +656,10 @@ class TxnModel(RuleBasedStateMachine):
         Optionally receive_many(``before``) first and receive after."""
         self._step()
         t, s = sub
-        iso = SUB_INFO[s][1]
         if before:
             self._receive(sub, before)
         cands = [(p, o) for p in range(PARTS) for o in range(len(self.log[(t, p)]))
-                 if (p, o) not in self.delivered[sub] and self.visible(t, p, o, iso)]
+                 if (p, o) not in self.delivered[sub] and self.visible_to(s, t, p, o)]
         if aim == "next":
             cands = [(p, o) for p, o in cands if o < self.lanes[(t, s, p)].hw + 3]
         if not cands:
@@ -693,15 +706,19 @@ class TxnModel(RuleBasedStateMachine):
     # -- rules: whole-topic readers and restarts ----------------------------------------------
 
     @precondition(lambda self: self.life_steps - self.last_fresh >= FRESH_READER_EVERY)
-    @rule(t=st.sampled_from(TOPICS), iso=st.sampled_from(ISOLATIONS))
+    @rule(t=st.sampled_from(TOPICS), iso=st.sampled_from(ISOLATIONS + ("out_of_order",)))
     def fresh_reader(self, t, iso):
         """A new subscription from the earliest position reads exactly the
-        model's visible messages, in offset order per partition (G2, G3)."""
+        model's visible messages, in offset order per partition (G2, G3);
+        out of order (shared, read_committed, allow_out_of_order_delivery)
+        every plain or committed one, past open transactions, once each."""
         self._step()
         self.last_fresh = self.life_steps
         self.fresh_subs += 1
-        c = self.broker.subscribe(t, f"fresh{self.fresh_subs}", "exclusive", isolation=iso,
-                                  initial_position="earliest")
+        ooo = iso == "out_of_order"
+        c = self.broker.subscribe(t, f"fresh{self.fresh_subs}", "shared" if ooo else "exclusive",
+                                  isolation="read_committed" if ooo else iso, initial_position="earliest",
+                                  allow_out_of_order_delivery=ooo)
         got = {p: [] for p in range(PARTS)}
         while ms := c.receive_many(1000, timeout=0):
             for m in ms:
@@ -709,8 +726,9 @@ class TxnModel(RuleBasedStateMachine):
         c.unsubscribe()
         for p in range(PARTS):
             want = [(o, e[1], e[2].id if e[2] else None, 0) for o, e in enumerate(self.log[(t, p)])
-                    if self.visible(t, p, o, iso)]
-            assert got[p] == want, f"{iso} reader of {t}/{p}: got {got[p]}, expected {want}"
+                    if self.visible(t, p, o, "read_committed" if ooo else iso, ooo)]
+            assert (sorted(got[p]) if ooo else got[p]) == want, \
+                f"{iso} reader of {t}/{p}: got {got[p]}, expected {want}"
 
     @precondition(lambda self: self.life_steps >= REOPEN_EVERY)
     @rule()
@@ -786,6 +804,12 @@ class TxnModel(RuleBasedStateMachine):
                             iso == "read_committed" and e[2] is not None and e[2].state == "aborted"):
                         assert lane_stats["mark_delete"] <= o, (key, lane_stats, o)
                         break
+                if s in OUT_OF_ORDER:
+                    # Exact: plain and committed messages not acknowledged,
+                    # none of an open transaction.
+                    want = sum(1 for o in range(len(self.log[(t, p)]))
+                               if self.visible_to(s, t, p, o) and o not in self.lanes[key].acked)
+                    assert lane_stats["backlog"] == want, (key, lane_stats, want)
 
 
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate]

@@ -1,6 +1,7 @@
 """Subprocess side of tests/transactions/test_txn_crash.py: transactions until SIGKILLed.
 
     python txn_crash_worker.py cpp <data> <fsync> <run> <seed> <stage> <nth>
+    python txn_crash_worker.py cppo <data> <fsync> <run> <seed>
     python txn_crash_worker.py matrix <data> <fsync> <cycle> <seed> <threads> small|default
 
 Both modes print ``READY`` once the broker is open, then one line per
@@ -26,6 +27,27 @@ all in one transaction. Each aggregate names the inputs it covers (see
 ``ack_commit`` (after the acks); ``none`` leaves it to the broker's crash
 points (``TXMQ_CRASH_AT``, set by the parent) or runs to the end.
 
+``cppo`` (consume-process-produce out of order): the same loop over the
+``aggo`` subscriptions of A1 and A2 (shared, read_committed,
+``allow_out_of_order_delivery``: no cumulative acks), while two feeder
+threads write the inputs in transactions held open a while (plain inputs
+pass them), then committed or aborted. Every input names its feeder
+transaction (``key``, None for a plain one). Lines, besides the ``cpp``
+ones (T, S, A, C, K, DONE; there is no ``stage``: the parent SIGKILLs the
+worker at a random moment):
+
+    IS <key> <txn> <topic>:<p>:<off> ..  a feeder transaction's sends returned (flushed: in the log)
+    IN <topic>:<p>:<off>                 a plain input send returned
+    IC <key>                             about to commit it
+    IK <key>                             its commit returned
+    IA <key>                             its abort returned
+    R <topic> <p>:<off> ..               receive_many returned these inputs
+    G2 <topic> <p>:<off> <key>           an input of a transaction of this run was delivered before
+                                         its commit began
+    P <topic> <p>:<off>                  ...and this one was past maxReadPosition when it came (an open
+                                         transaction before it did not hold it back)
+    DONE                                 the feeders finished and nothing is left to consume
+
 ``matrix``: ``threads`` threads run transactions that send to several
 partitions of T1 and T2 and acknowledge what the subscriptions s1 (T1,
 shared), s2 (T2, exclusive, cumulative acks too) and ru (T1,
@@ -34,7 +56,8 @@ their short timeout expire; a reaper thread force-aborts random live
 transactions meanwhile, as an operator would. Each transaction has a key ``<cycle>.<thread>.<n>``
 and every value names its key (see :func:`txn_value`). ``small`` compacts
 the logs and snapshots the transaction buffers every few frames
-(:func:`shrink_thresholds`). Lines:
+(:func:`shrink_thresholds`). ``so`` (T1) is shared and out of order
+(``allow_out_of_order_delivery``), one consumer per thread as ``s1``. Lines:
 
     B <key> <txn> <kind>                 began; kind commit | abort | timeout | forced
     S <key> <topic> <p>:<off>=<value> .. sends in it returned
@@ -90,7 +113,15 @@ M_SUBS = {   # name -> (topic, type, isolation)
     "s1": ("T1", "shared", "read_committed"),
     "s2": ("T2", "exclusive", "read_committed"),
     "ru": ("T1", "exclusive", "read_uncommitted"),
+    "so": ("T1", "shared", "read_committed"),
 }
+M_OUT_OF_ORDER = {"so"}          # subscribed with allow_out_of_order_delivery=True
+
+# -- consume-process-produce out of order ------------------------------------------
+
+OOO_SUB = "aggo"
+FEEDERS = 2
+FEEDER_TXNS = 8                  # per feeder and run
 SHORT_TIMEOUT = 0.2
 M_SEGMENT_BYTES = 32 * 1024      # segments roll every few dozen transactions
 KINDS = (("commit", 0.55), ("abort", 0.2), ("timeout", 0.15), ("forced", 0.1))
@@ -115,31 +146,59 @@ def make_output(run: int, step: int, txn: str, part: int, nparts: int, src: str,
     }, separators=(",", ":")).encode()
 
 
-def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) -> None:
-    cons = {t: broker.subscribe(t, CPP_SUB, "exclusive", isolation="read_committed",
-                                initial_position="earliest") for t in IN_TOPICS}
-    prod = broker.producer(OUT_TOPIC)
-    out.line("READY")
-    step = 0
-    idle = 0
+def input_steps(cons: dict, rng: random.Random, out: Out, finished=lambda: True, received=None):
+    """The consume side of consume-process-produce: receive from every
+    input subscription (``received(got)`` is told each time) and yield
+    ``(step, {topic: messages})`` for each receive that got any, until
+    nothing came five times in a row and ``finished()``: then print DONE."""
+    step = idle = 0
     while True:
         got = {t: cons[t].receive_many(rng.randint(1, 6), timeout=0.02) for t in IN_TOPICS}
+        if received is not None:
+            received(got)
         if not any(got.values()):
             idle += 1
-            if idle >= 5:
+            if idle >= 5 and finished():
                 out.line("DONE")
                 return
             continue
         idle = 0
         step += 1
+        yield step, got
+
+
+def send_aggregates(prod, run: int, step: int, txn, got: dict) -> None:
+    """One aggregate per input topic that gave messages, to B (A1's to B/0,
+    A2's to B/1), in ``txn``."""
+    parts = [(i, t, ms) for i, (t, ms) in enumerate(got.items()) if ms]
+    for k, (bp, t, ms) in enumerate(parts):
+        prod.send(make_output(run, step, str(txn.id), k, len(parts), t, ms), key=f"{run}.{step}".encode(),
+                  partition=bp, txn=txn)
+
+
+def commit_step(out: Out, step: int, txn) -> None:
+    """Commit a step's transaction between its C and K lines, every other
+    one through commit_async (the flusher thread's path: sync, fan-out,
+    resolve)."""
+    out.line(f"C {step} {txn.id}")
+    if step % 2:
+        txn.commit_async().result()
+    else:
+        txn.commit()
+    out.line(f"K {step} {txn.id}")
+
+
+def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) -> None:
+    cons = {t: broker.subscribe(t, CPP_SUB, "exclusive", isolation="read_committed",
+                                initial_position="earliest") for t in IN_TOPICS}
+    prod = broker.producer(OUT_TOPIC)
+    out.line("READY")
+    for step, got in input_steps(cons, rng, out):
         txn = broker.new_transaction(timeout=60)
         out.line(f"T {step} {txn.id}")
         if stage == "before_send" and step == nth:
             die()
-        parts = [(i, t, ms) for i, (t, ms) in enumerate(got.items()) if ms]
-        for k, (bp, t, ms) in enumerate(parts):
-            value = make_output(run, step, str(txn.id), k, len(parts), t, ms)
-            prod.send(value, key=f"{run}.{step}".encode(), partition=bp, txn=txn)
+        send_aggregates(prod, run, step, txn, got)
         if step == nth and stage in ("send_ack", "ack_commit"):
             # The sends are batched until the commit: the step killed before
             # it puts them in the log first, so that recovery has data of an
@@ -163,12 +222,84 @@ def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) ->
         out.line(f"A {step}")
         if stage == "ack_commit" and step == nth:
             die()
-        out.line(f"C {step} {txn.id}")
-        if step % 2:
-            txn.commit_async().result()    # the flusher thread's path: sync, fan-out, resolve
-        else:
+        commit_step(out, step, txn)
+
+
+def feed(broker, out: Out, run: int, index: int, rng: random.Random, committing: set) -> None:
+    """One feeder: FEEDER_TXNS input transactions, each held open a while
+    (plain inputs are sent meanwhile), then committed or aborted."""
+    prods = {t: broker.producer(t) for t in IN_TOPICS}
+    for i in range(FEEDER_TXNS):
+        key = f"r{run}.{index}.{i}"
+        txn = broker.new_transaction(timeout=60)
+        sent = []
+        for _ in range(rng.randint(1, 4)):
+            t = rng.choice(IN_TOPICS)
+            value = json.dumps({"in": t, "key": key, "v": rng.randint(0, 1000)}).encode()
+            mid = prods[t].send(value, partition=rng.randrange(IN_PARTITIONS), txn=txn)
+            sent.append(f"{t}:{mid.partition}:{mid.offset}")
+        txn.flush()                    # in the log while it is open
+        out.line(f"IS {key} {txn.id} " + " ".join(sent))
+        for _ in range(rng.randint(0, 3)):
+            t = rng.choice(IN_TOPICS)
+            mid = prods[t].send(json.dumps({"in": t, "key": None, "v": rng.randint(0, 1000)}).encode(),
+                                partition=rng.randrange(IN_PARTITIONS))
+            out.line(f"IN {t}:{mid.partition}:{mid.offset}")
+            time.sleep(rng.uniform(0, 0.02))
+        time.sleep(rng.uniform(0.02, 0.25))
+        if rng.random() < 0.7:
+            committing.add(key)
+            out.line(f"IC {key}")
             txn.commit()
-        out.line(f"K {step} {txn.id}")
+            out.line(f"IK {key}")
+        else:
+            txn.abort()
+            out.line(f"IA {key}")
+
+
+def cppo(broker, out: Out, run: int, rng: random.Random) -> None:
+    cons = {t: broker.subscribe(t, OOO_SUB, "shared", initial_position="earliest",
+                                allow_out_of_order_delivery=True) for t in IN_TOPICS}
+    prod = broker.producer(OUT_TOPIC)
+    committing: set = set()
+    feeders = []
+    for i in range(FEEDERS):
+        seed = rng.randrange(1 << 30)
+
+        def target(i=i, seed=seed):
+            try:
+                feed(broker, out, run, i, random.Random(seed), committing)
+            except BaseException:
+                traceback.print_exc()
+                sys.stderr.flush()
+                os._exit(3)
+        feeders.append(threading.Thread(target=target, daemon=True))
+    out.line("READY")
+    for f in feeders:
+        f.start()
+    mine = f"r{run}."
+
+    def received(got):
+        for t, ms in got.items():
+            if ms:
+                out.line(f"R {t} " + " ".join(f"{m.partition}:{m.offset}" for m in ms))
+            for m in ms:
+                key = json.loads(m.value)["key"]
+                if key is not None and key.startswith(mine) and key not in committing:
+                    out.line(f"G2 {t} {m.partition}:{m.offset} {key}")
+                if m.offset >= broker.last_stable_offset(t, m.partition):
+                    out.line(f"P {t} {m.partition}:{m.offset}")
+
+    for step, got in input_steps(cons, rng, out, lambda: not any(f.is_alive() for f in feeders), received):
+        txn = broker.new_transaction(timeout=60)
+        out.line(f"T {step} {txn.id}")
+        send_aggregates(prod, run, step, txn, got)
+        out.line(f"S {step}")
+        for t, ms in got.items():
+            if ms:
+                cons[t].ack(ms if len(ms) > 1 or rng.random() < 0.5 else ms[0], txn=txn)
+        out.line(f"A {step}")
+        commit_step(out, step, txn)
 
 
 # -- matrix -----------------------------------------------------------------------
@@ -208,6 +339,8 @@ class MatrixThread:
         # s1 is shared: a consumer per thread; s2 and ru are exclusive: one
         # consumer shared by every thread (consumers are thread-safe).
         self.cons = {"s1": broker.subscribe("T1", "s1", "shared", initial_position="earliest"),
+                     "so": broker.subscribe("T1", "so", "shared", initial_position="earliest",
+                                            allow_out_of_order_delivery=True),
                      "s2": shared["s2"], "ru": shared["ru"]}
         self.shared = shared
         self.held = {s: [] for s in M_SUBS}       # received, not yet acknowledged
@@ -446,6 +579,10 @@ def main(argv) -> None:
     if mode == "cpp":
         broker = txmq.Broker(data, fsync=fsync)
         cpp(broker, out, run, rng, argv[6], int(argv[7]))
+        broker.close()
+    elif mode == "cppo":
+        broker = txmq.Broker(data, fsync=fsync)
+        cppo(broker, out, run, rng)
         broker.close()
     elif mode == "matrix":
         if argv[7] == "small":

@@ -41,7 +41,8 @@ from txmq._txnlog import COMMITTED, COMMITTING, OPEN, PREPARED
 from txmq.transactions import decision
 from txmq.transactions.coordinator import TransactionCoordinator
 from txmq.errors import (BrokerClosedError, CorruptLogError, DataDirError, DataDirLockedError, InvalidArgumentError,
-                         InvalidTxnStateError, InvalidTxnTimeoutError, IsolationLevelMismatchError, PartitionNotFoundError,
+                         InvalidTxnStateError, InvalidTxnTimeoutError, IsolationLevelMismatchError,
+                         OutOfOrderDeliveryError, PartitionNotFoundError,
                          SubscriptionBusyError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
                          TopicExistsError, TopicNotFoundError, TransactionNotFoundError)
@@ -51,7 +52,7 @@ from txmq.transactions.producer_ids import ProducerRegistry
 from txmq.scheduler import MIN_INTERVAL, Scheduler
 from txmq import crashpoints
 from txmq.storage import datadir
-from txmq.files import read_json, sync_dir, write_json
+from txmq.files import read_json, sync_dir
 from txmq.client.half_producer import HalfProducer
 from txmq.storage.half_messages import HalfStore
 from txmq.broker.control_socket import ControlServer
@@ -61,7 +62,7 @@ from txmq.options import (INT32_MAX, TIMEOUT_MAX_SECONDS, choice_option, flag_op
                           open_files_option, partitions_option, retention_options, seconds_option)
 from txmq.storage.log import segment_budget
 from txmq.storage.delivery import ISOLATIONS
-from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription
+from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription, config_problem
 from txmq.storage.topic import Topic, check_subscription_name, check_topic_name
 from txmq.client.transaction import Transaction
 from txmq.client.accumulator import SendBatching
@@ -260,7 +261,9 @@ class Broker:
                 topic.subscriptions[sub] = Subscription(
                     self, topic, sub, os.path.join(sdir, sub), type=meta["type"],
                     isolation=meta["isolation"], initial_position=meta["initial_position"],
-                    ack_timeout=None, nack_delay=1.0)
+                    ack_timeout=None, nack_delay=1.0,
+                    allow_out_of_order_delivery=meta.get("allow_out_of_order_delivery", False),
+                    created_ms=meta.get("created_ms"))
         for problem in problems:
             log.warning("txmq: %s", problem)
         self.problems_on_open += problems
@@ -655,7 +658,8 @@ class Broker:
     def subscribe(self, topic: str, subscription: str, type: str = "exclusive", *,
                   isolation: str = "read_committed", initial_position: str = "latest",
                   ack_timeout: float | None = None, nack_delay: float = 1.0,
-                  consumer_name: str | None = None, fail_on_data_loss: bool = False) -> Consumer:
+                  consumer_name: str | None = None, fail_on_data_loss: bool = False,
+                  allow_out_of_order_delivery: bool = False) -> Consumer:
         """Attach a consumer to ``subscription`` on ``topic``, creating the
         subscription at ``initial_position`` if it does not exist.
 
@@ -670,11 +674,27 @@ class Broker:
         their checks (quarantined), raise :class:`DataLossError` (path and
         byte) instead of passing over them; either way they stay
         unacknowledged until :meth:`Consumer.skip_data_loss`.
+
+        ``allow_out_of_order_delivery`` (Pulsar's name; shared and
+        read_committed only, fixed when the subscription is created, as
+        its isolation): an open transaction no longer holds back what
+        follows it. Every committed batch is delivered as soon as its
+        transaction's fate is known, past open transactions; an open
+        transaction's batches are delivered when it commits, never if it
+        aborts. Offset order is not kept then (a shared subscription does
+        not promise it); everything else is (docs/API.md,
+        "Out-of-order delivery"). Asked with ``exclusive`` or ``failover``,
+        with ``read_uncommitted``, or with another value than the
+        subscription has, it raises :class:`OutOfOrderDeliveryError`; so
+        does asking such a subscription for ``exclusive`` or ``failover``.
         """
         self._check_open()
         choice_option("subscription type", type, TYPES)
         choice_option("isolation", isolation, ISOLATIONS)
         choice_option("initial_position", initial_position, POSITIONS)
+        flag_option("allow_out_of_order_delivery", allow_out_of_order_delivery)
+        if allow_out_of_order_delivery:
+            _check_out_of_order(subscription, type, isolation)
         ack_timeout = seconds_option("ack_timeout", ack_timeout, 0.0, above=True, optional=True)
         nack_delay = seconds_option("nack_delay", nack_delay)
         check_subscription_name(subscription)
@@ -685,19 +705,27 @@ class Broker:
                 sub = Subscription(self, t, subscription,
                                    os.path.join(self.path, "subscriptions", topic, subscription),
                                    type=type, isolation=isolation, initial_position=initial_position,
-                                   ack_timeout=ack_timeout, nack_delay=nack_delay)
+                                   ack_timeout=ack_timeout, nack_delay=nack_delay,
+                                   allow_out_of_order_delivery=allow_out_of_order_delivery)
                 t.subscriptions[subscription] = sub
             else:
                 if sub.isolation != isolation:
                     raise IsolationLevelMismatchError(subscription, sub.isolation, isolation)
+                if sub.out_of_order and type != "shared":
+                    raise OutOfOrderDeliveryError(
+                        subscription, f"it delivers out of order (allow_out_of_order_delivery=True), so it "
+                                      f"cannot become {type}", True, type)
+                if sub.out_of_order != allow_out_of_order_delivery:
+                    raise OutOfOrderDeliveryError(
+                        subscription, f"it was created with allow_out_of_order_delivery={sub.out_of_order}; a "
+                                      f"consumer asked for {allow_out_of_order_delivery} (fixed at creation)",
+                        sub.out_of_order, allow_out_of_order_delivery)
                 with sub.cond:
                     if sub.type != type:
                         if sub.consumers:
                             raise SubscriptionTypeError(subscription, sub.type, type)
                         sub.type = type
-                        write_json(os.path.join(sub.path, "subscription.json"),
-                                   {"type": type, "isolation": sub.isolation,
-                                    "initial_position": sub.initial_position})
+                        sub.write_config()
                     if not sub.consumers:
                         sub.ack_timeout = ack_timeout
                         sub.nack_delay = nack_delay
@@ -1086,13 +1114,25 @@ class Broker:
         return f"Broker({self.path!r}, fsync={self.fsync!r})"
 
 
+def _check_out_of_order(subscription: str, type: str, isolation: str) -> None:
+    """Refuse ``allow_out_of_order_delivery`` where it does not apply."""
+    if type != "shared":
+        raise OutOfOrderDeliveryError(subscription, f"allow_out_of_order_delivery needs a shared subscription, not "
+                                                    f"{type} (exclusive and failover deliver in offset order)",
+                                      None, type)
+    if isolation != "read_committed":
+        raise OutOfOrderDeliveryError(subscription, "allow_out_of_order_delivery needs isolation read_committed "
+                                                    f"(not {isolation}, which an open transaction never holds back)",
+                                      None, isolation)
+
+
 def _subscription_config(path: str) -> dict:
     """A subscription's ``subscription.json``; CorruptLogError (path,
     byte) when it is not one: its isolation level cannot be guessed."""
     meta = read_json(path)
-    for key, allowed in (("type", TYPES), ("isolation", ISOLATIONS), ("initial_position", POSITIONS)):
-        if meta.get(key) not in allowed:
-            raise CorruptLogError(path, 0, f"{key} is {meta.get(key)!r}, not one of {', '.join(allowed)}")
+    problem = config_problem(meta)
+    if problem is not None:
+        raise CorruptLogError(path, 0, problem)
     return meta
 
 

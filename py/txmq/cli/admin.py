@@ -195,7 +195,8 @@ def _describe_subscription(args, headline: str | None) -> int:
     if headline:
         print(headline)
         print()
-    print(f"subscription {sub['subscription']} on {sub['topic']}: {sub['type']}, {sub['isolation']}, "
+    order = ", out of order (allow_out_of_order_delivery)" if sub["allow_out_of_order_delivery"] else ""
+    print(f"subscription {sub['subscription']} on {sub['topic']}: {sub['type']}, {sub['isolation']}{order}, "
           f"backlog {'-' if sub['backlog'] is None else format(sub['backlog'], ',')}")
     print()
     table([dict(p, end=parts[p["partition"]]["end_offset"], lso=parts[p["partition"]]["max_read_position"])
@@ -220,8 +221,9 @@ def subscriptions_reset(args) -> int:
             info = broker.describe_topic(args.topic)
             check_offset("--to", target, args.topic, p, info["start_offsets"][p], info["end_offsets"][p])
         # No broker call resets a subscription by name: attach a consumer
-        # of the same type and isolation (so neither changes), seek, detach.
-        consumer = broker.subscribe(args.topic, args.subscription, sub["type"], isolation=sub["isolation"])
+        # of the same type, isolation and order (so none changes), seek, detach.
+        consumer = broker.subscribe(args.topic, args.subscription, sub["type"], isolation=sub["isolation"],
+                                    allow_out_of_order_delivery=sub["allow_out_of_order_delivery"])
         try:
             consumer.seek(target, partition=args.partition)
         finally:

@@ -83,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "part-way, and check the results against a recomputation from the log. The bank: "
                     "clients send deposits, withdrawals and transfers (one transaction each, some aborted "
                     "on purpose); a read_uncommitted monitor sees open transfers without being held back; "
-                    "a read_committed processor applies each committed request to the balances exactly "
-                    "once. The windows: a txmq.functions function sums two input topics into per-window "
+                    "a read_committed auditor with allow_out_of_order_delivery gets committed requests past "
+                    "a transfer held open; a read_committed processor applies each committed request to the "
+                    "balances exactly once. The windows: a txmq.functions function sums two input topics into per-window "
                     "totals. Then it shows how to read the output with Spark (and does, when pyspark and "
                     "pyspark_txmq are installed). Progress on stderr, a table of checks on stdout; exit "
                     "1 when a check fails. docs/CLI.md has the details.")

@@ -49,7 +49,6 @@ from txmq.storage.cursor import replay as replay_cursor
 from txmq._readview import RV_LIVE
 from txmq.broker.broker import Broker
 from txmq.errors import CorruptLogError, DataDirError, DataDirLockedError, TxmqError
-from txmq.storage.delivery import ISOLATIONS
 from txmq.storage.index import INDEX_ENTRY, index_problem
 from txmq.storage.layout import (INDEX_SUFFIX, PRODUCERS_FILE, PRODUCERS_HEAD, PRODUCERS_MAGIC, PRODUCERS_VERSION,
                                  READVIEW_FILE, RECOVERY_POINT_FILE, RP_POSITION_OFFSET, TIMEINDEX_SUFFIX, TXNBUF_FILE,
@@ -58,7 +57,7 @@ from txmq.storage.layout import (INDEX_SUFFIX, PRODUCERS_FILE, PRODUCERS_HEAD, P
                                  txnindex_entries)
 from txmq.storage.loader import CHECK, CORRUPT, REPAIRABLE, LogLoader, Problem
 from txmq.storage.txnbuffer import MARKER_FLAGS
-from txmq.dispatch.subscription import POSITIONS, TYPES
+from txmq.dispatch.subscription import config_problem
 from txmq.storage.topic import Topic
 
 REDO_HEADER_SIZE = len(FILE_HEADER)
@@ -528,11 +527,9 @@ class _Checker:
                                      f"the next open removes it")
             return
         config = self._json(meta)
-        if config is not None:
-            for key, allowed in (("type", TYPES), ("isolation", ISOLATIONS), ("initial_position", POSITIONS)):
-                if config.get(key) not in allowed:
-                    self.report.problem(meta, 0, f"\"{key}\" is {config.get(key)!r}, not one of "
-                                                 f"{', '.join(allowed)}")
+        problem = None if config is None else config_problem(config)
+        if problem is not None:
+            self.report.problem(meta, 0, problem)
         for name in sorted(os.listdir(sdir)):
             path = os.path.join(sdir, name)
             if name == "subscription.json":

@@ -125,11 +125,12 @@ def _durable(broker, args, start):
         consumer = broker.subscribe(args.topic, args.subscription, args.type, isolation=isolation,
                                     initial_position=initial, fail_on_data_loss=args.fail_on_data_loss)
     else:
-        # Keep the subscription's type; its isolation is fixed (a different
-        # --isolation is refused by the broker, with the level it has).
+        # Keep the subscription's type and order; its isolation is fixed (a
+        # different --isolation is refused by the broker, with the level it has).
         isolation = args.isolation or existing["isolation"]
         consumer = broker.subscribe(args.topic, args.subscription, existing["type"], isolation=isolation,
-                                    fail_on_data_loss=args.fail_on_data_loss)
+                                    fail_on_data_loss=args.fail_on_data_loss,
+                                    allow_out_of_order_delivery=existing["allow_out_of_order_delivery"])
     if start is not None:
         try:
             consumer.seek(start, partition=args.partition)
@@ -143,13 +144,16 @@ def _durable(broker, args, start):
 
 def _read_subscription(broker, consumer, args, selected, until, isolation, fmt) -> int:
     topic = args.topic
-    end_of = broker.last_stable_offset if isolation == "read_committed" else broker.high_watermark
+    sub = consumer.subscription
+    stats = broker.stats()["topics"][topic]["subscriptions"][sub]
+    # Out of order, a subscription reads past open transactions to the log
+    # end, and the last offset below the limit may come before the others.
+    out_of_order = stats["allow_out_of_order_delivery"]
+    end_of = broker.last_stable_offset if isolation == "read_committed" and not out_of_order else broker.high_watermark
     limit = {p: until if isinstance(until, int) else end_of(topic, p) for p in selected}
     if until == "earliest":
         limit = {p: broker.describe_topic(topic)["start_offsets"][p] for p in selected}
-    sub = consumer.subscription
-    marks = {p["partition"]: p["mark_delete"]
-             for p in broker.stats()["topics"][topic]["subscriptions"][sub]["partitions"]}
+    marks = {p["partition"]: p["mark_delete"] for p in stats["partitions"]}
     lag = broker.consumer_lag(topic, sub)
     pending = {p for p in selected if marks[p] < limit[p] and lag.get(p, 0) > 0}
     printed = 0
@@ -163,7 +167,7 @@ def _read_subscription(broker, consumer, args, selected, until, isolation, fmt) 
             mid = m.message_id
             if mid.partition in pending and mid.offset < limit[mid.partition]:
                 keep.append(m)
-            if mid.partition in limit and mid.offset >= limit[mid.partition] - 1:
+            if not out_of_order and mid.partition in limit and mid.offset >= limit[mid.partition] - 1:
                 pending.discard(mid.partition)
         _write(keep, fmt)
         # Acknowledged only once written: a failed write leaves them unacknowledged.

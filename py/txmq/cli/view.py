@@ -98,7 +98,8 @@ class DirectoryView:
     # -- subscriptions ---------------------------------------------------------------
 
     def subscription_stats(self, topic: str) -> dict:
-        """``{name: {type, isolation, backlog, partitions: [...]}}``; per
+        """``{name: {type, isolation, allow_out_of_order_delivery, backlog,
+        partitions: [...]}}``; per
         partition its mark-delete, the count acknowledged above it, the
         transactions holding acks there and its backlog (None where the
         cursor file is not written yet)."""
@@ -112,6 +113,7 @@ class DirectoryView:
                          for p, c in sorted(s["partitions"].items())]
                 backlogs = [p["backlog"] for p in parts]
                 out[name] = {"type": s["type"], "isolation": s.get("isolation", "read_committed"),
+                             "allow_out_of_order_delivery": s["allow_out_of_order_delivery"],
                              "backlog": None if None in backlogs else sum(backlogs), "partitions": parts}
         return out
 

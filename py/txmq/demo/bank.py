@@ -18,11 +18,17 @@ keep their order):
 The worker process (:func:`worker`) runs everything that writes: tellers
 (client threads sending deposits and withdrawals, plain sends), a transfer
 client (each transfer held open while it is "checked", so that deposits
-arrive behind it), the monitor (subscription ``bank.monitor``,
-read_uncommitted) and the processor (subscription ``bank.processor``,
-read_committed; each batch's balance updates and its position are one
-transaction of the transactional producer ``bank.processor``, Kafka's
-consume-process-produce). The demo SIGKILLs it mid-run and starts it
+arrive behind it; the first transfer of each run is held open
+``HOLD_S``), the monitor (subscription ``bank.monitor``,
+read_uncommitted), the auditor (subscription ``bank.auditor``, shared,
+read_committed with ``allow_out_of_order_delivery``: committed requests
+past an open transfer at once, never an uncommitted one) and the processor
+(subscription ``bank.processor``, read_committed; each batch's balance
+updates and its position are one transaction of the transactional producer
+``bank.processor``, Kafka's consume-process-produce). While the long
+transfer is open, the auditor and the processor time the teller requests
+published meanwhile: the auditor gets them as they come, the processor
+only once the transfer ends (it reads in offset order). The demo SIGKILLs it mid-run and starts it
 again: the clients carry on after the last request of theirs in the log,
 the processor takes the balances from the last committed updates and
 reads on from its committed position.
@@ -44,6 +50,7 @@ from txmq.errors import TransactionNotFoundError
 REQUESTS = "bank.requests"
 BALANCES = "bank.balances"
 MONITOR = "bank.monitor"
+AUDITOR = "bank.auditor"            # read_committed, out of order
 PROCESSOR = "bank.processor"        # subscription and transactional id
 PARTITIONS = 4
 ACCOUNTS = tuple(f"acct-{i:02d}" for i in range(12))
@@ -51,7 +58,8 @@ TELLERS = 3
 TRANSFER_CLIENT = "T"
 PROCESSOR_BATCH = 50
 ABORT_SHARE = 0.15                  # transfers aborted on purpose
-HOLD_MAX_S = 0.03                   # a transfer stays open up to this long
+HOLD_MAX_S = 0.03                   # a transfer stays open up to this long ...
+HOLD_S = 1.0                        # ... but the first one of each run: this long
 REQUESTS_PER_S = 1500               # the clients' pace: a few seconds of traffic for the small size
 FSYNC = "commit"
 
@@ -119,12 +127,43 @@ class _Bank:
                     "delay_ms_max": 0}
         self._delays: list = []
         self.duration_s = max(1.0, requests / REQUESTS_PER_S)
+        # The long-held transfer: its window (wall ms) and the delays of
+        # the teller requests published in it, per reader.
+        self.hold = {"from_ms": None, "until_ms": None}
+        self.held: dict = {AUDITOR: [], PROCESSOR: []}
 
     def status(self) -> dict:
         d = sorted(self._delays[-2000:])
         return {"run": self.run, "produced": self.produced, "applied": self.applied,
                 "clients_done": self.clients_done.is_set(), "monitor": dict(self.mon),
-                "delay_ms_median": d[len(d) // 2] if d else None}
+                "delay_ms_median": d[len(d) // 2] if d else None, "hold": self.hold_report()}
+
+    def hold_report(self):
+        """Once the long-held transfer of this run has ended: the teller
+        requests published while it was open, and their delivery delays
+        (p99 and max, ms) at the auditor (out of order) and at the
+        processor (offset order); else None."""
+        if self.hold["until_ms"] is None:
+            return None
+        out = {"held_s": HOLD_S}
+        for who, name in ((AUDITOR, "auditor"), (PROCESSOR, "processor")):
+            d = sorted(self.held[who])
+            out[f"{name}_requests"] = len(d)
+            out[f"{name}_p99_ms"] = round(d[min(len(d) - 1, len(d) * 99 // 100)]) if d else None
+            out[f"{name}_max_ms"] = round(d[-1]) if d else None
+        return out
+
+    def _time_held(self, who: str, msgs: list) -> None:
+        """Note the delays of the teller requests among ``msgs`` published
+        while the long-held transfer was open (first deliveries only)."""
+        start, end = self.hold["from_ms"], self.hold["until_ms"]
+        if start is None:
+            return
+        now_ms = time.time() * 1000
+        for m in msgs:
+            if start <= m.publish_time < (end if end is not None else now_ms + 1) and m.txn_id is None \
+                    and m.redelivery_count == 0:
+                self.held[who].append(now_ms - m.publish_time)
 
     def _thread(self, target, *args) -> threading.Thread:
         def run():
@@ -181,14 +220,33 @@ class _Bank:
             txn = self.broker.new_transaction(timeout=30)
             prod.send(_request(rid + ":debit", "transfer", src, -amount, rid, intent), key=src.encode(), txn=txn)
             # The transfer stays open while it is checked: deposits and
-            # withdrawals keep arriving behind it on its partitions.
-            time.sleep(hold)
+            # withdrawals keep arriving behind it on its partitions. The
+            # first one of the run, for HOLD_S: its debit leg in the log now.
+            if i == start:
+                txn.flush()
+                self.hold["from_ms"] = time.time() * 1000
+                time.sleep(HOLD_S)
+            else:
+                time.sleep(hold)
             prod.send(_request(rid + ":credit", "transfer", dst, amount, rid, intent), key=dst.encode(), txn=txn)
+            if i == start:
+                self.hold["until_ms"] = time.time() * 1000
             if abort:
                 txn.abort()
             else:
                 txn.commit()
             self.produced += 1
+
+    def _read(self, consumer, batch: int, handle) -> None:
+        """``handle(messages)`` of every receive of ``consumer`` (a reader
+        of REQUESTS) until the clients are done and nothing is left."""
+        lag = self.broker.consumer_lag
+        while not self.stop.is_set():
+            ms = consumer.receive_many(batch, timeout=0.05)
+            if ms:
+                handle(ms)
+            elif self.clients_done.is_set() and not any(lag(REQUESTS, consumer.subscription).values()):
+                return
 
     # the monitor: read_uncommitted, not exactly-once, never held back
 
@@ -197,12 +255,8 @@ class _Bank:
         c = b.subscribe(REQUESTS, MONITOR, "exclusive", isolation="read_uncommitted",
                         initial_position="earliest")
         mon = self.mon
-        while not self.stop.is_set():
-            ms = c.receive_many(1000, timeout=0.05)
-            if not ms:
-                if self.clients_done.is_set() and not any(b.consumer_lag(REQUESTS, MONITOR).values()):
-                    return
-                continue
+
+        def seen(ms):
             now_ms = time.time() * 1000
             for m in ms:
                 mon["seen"] += 1
@@ -220,6 +274,20 @@ class _Bank:
                 self._delays.append(delay)
                 mon["delay_ms_max"] = max(mon["delay_ms_max"], round(delay, 1))
             c.ack(ms)
+
+        self._read(c, 1000, seen)
+
+    # the auditor: read_committed out of order, never held back by an open transfer
+
+    def auditor(self) -> None:
+        c = self.broker.subscribe(REQUESTS, AUDITOR, "shared", initial_position="earliest",
+                                  allow_out_of_order_delivery=True)
+
+        def audited(ms):
+            self._time_held(AUDITOR, ms)
+            c.ack(ms)
+
+        self._read(c, 1000, audited)
 
     # the processor: read_committed, exactly once
 
@@ -240,18 +308,17 @@ class _Bank:
         balances = self.restore()
         c = b.subscribe(REQUESTS, PROCESSOR, "exclusive", isolation="read_committed",
                         initial_position="earliest")
-        while not self.stop.is_set():
-            ms = c.receive_many(PROCESSOR_BATCH, timeout=0.05)
-            if not ms:
-                if self.clients_done.is_set() and not any(b.consumer_lag(REQUESTS, PROCESSOR).values()):
-                    return
-                continue
+
+        def process(ms):
+            self._time_held(PROCESSOR, ms)
             values, keys, positions = apply(balances, ms)
             txn = tp.begin()
             out.send_batch(values, keys=keys, txn=txn)
             tp.send_offsets_to_transaction(txn, c, positions)
             txn.commit()
             self.applied += len(ms)
+
+        self._read(c, PROCESSOR_BATCH, process)
 
 
 def apply(balances: dict, msgs: list):
@@ -282,7 +349,7 @@ def worker(data: str, seed: int, requests: int, run: int, report) -> None:
     report.every(bank.status, stop_status)
     clients = [bank._thread(bank.teller, c, starts[c]) for c in bank.ops if c != TRANSFER_CLIENT]
     clients.append(bank._thread(bank.transfers, starts[TRANSFER_CLIENT]))
-    readers = [bank._thread(bank.monitor), bank._thread(bank.processor)]
+    readers = [bank._thread(bank.monitor), bank._thread(bank.auditor), bank._thread(bank.processor)]
     for t in clients:
         t.join()
     bank.clients_done.set()

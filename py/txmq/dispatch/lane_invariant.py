@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from txmq.storage.delivery import TRANSACTIONAL
+
 DEBUG = os.environ.get("TXMQ_DEBUG") == "1"
 DEBUG_SMALL = 1024
 
@@ -48,9 +50,13 @@ def check_lane(lane) -> None:
     cursor, or pending in an open transaction), lost to quarantined bytes
     (passed over until skipped, in no dispatch state), or in exactly one
     dispatch state (outstanding at one consumer, individually or in one
-    batch delivery; waiting in the read buffer; queued for redelivery), and no
-    dispatch state holds what it must not (see the module
-    :mod:`txmq.dispatch.subscription`)."""
+    batch delivery; waiting in the read buffer; queued for redelivery;
+    parked behind its open transaction or released by its commit, under
+    out-of-order delivery), and no dispatch state holds what it must not
+    (see the module :mod:`txmq.dispatch.subscription`). Under
+    read_committed, nothing outstanding, buffered or queued belongs to a
+    transaction that is open or aborted; a parked span holds batches of its
+    own transaction only, a released span batches of a committed one."""
     name = f"lane of partition {lane.partition.index}"
     lo = lane.cursor.mark_delete
     hi = max(lo, lane.read_offset)
@@ -84,11 +90,19 @@ def check_lane(lane) -> None:
     buffered = buffered[~settled[buffered]]
     state[buffered] += 1
 
+    waiting = _waiting(lane, name, lo, n)       # parked or released spans covering each offset
+    _none_of(name, "parked or released twice", np.flatnonzero(waiting > 1) + lo, "")
+    waiting = (waiting > 0) & ~settled
+    state += waiting
+
     queued = np.unique(np.fromiter((off for _, off in lane.redeliver), np.int64, len(lane.redeliver)))
     queued = queued[queued >= lo]
     _in_window(name, "queued", queued, lo, lane.read_offset)
     queued -= lo
     queued = queued[~settled[queued]]
+    # Out of order, a parked or released offset goes out from there: queued
+    # as well, it would be delivered twice (or before its commit).
+    _none_of(name, "queued for redelivery", queued[waiting[queued]] + lo, "and parked or released")
     # A redelivery entry is dropped when it comes up if its offset is
     # settled or outstanding again; in a batch delivery or in the read
     # buffer it would be delivered twice.
@@ -108,7 +122,54 @@ def check_lane(lane) -> None:
              "and in a dispatch state")
     stray = np.flatnonzero(unsettled & ~quarantined & (state == 0)) + lo
     _none_of(name, "in no state", stray[stray >= lane.partition.start_offset],
-             "(neither settled nor outstanding, buffered, queued or lost to quarantined bytes)")
+             "(neither settled nor outstanding, buffered, queued, parked, released or lost to quarantined bytes)")
+    if lane.parked or lane.released or lane.read_committed:
+        _check_transactions(lane, name, lo, hi, state.astype(bool) & unsettled & ~waiting)
+
+
+def _waiting(lane, name: str, lo: int, n: int):
+    """How many parked or released spans cover each offset of [lo, lo + n)."""
+    cover = np.zeros(n + 1, np.int64)
+    spans = [("parked", a, b) for ranges in lane.parked.values() for a, b in ranges]
+    spans += [("released", a, b) for a, b in lane.released]
+    for what, a, b in spans:
+        if not a < b <= lane.read_offset:
+            raise AssertionError(f"{name}: {what} span [{a}, {b}) outside [.., {lane.read_offset}) (read_offset)")
+        if b > lo:
+            cover[max(a, lo) - lo] += 1
+            cover[b - lo] -= 1
+    return np.cumsum(cover[:n])
+
+
+def _check_transactions(lane, name: str, lo: int, hi: int, handed) -> None:
+    """Parked spans hold batches of their own transaction, released spans
+    batches of a committed one; under read_committed, no offset ``handed``
+    (outstanding, in a batch delivery, buffered or queued) is of an open or
+    aborted transaction (G2). O(headers of [lo, hi) and of the spans)."""
+    p = lane.partition
+    ongoing, aborted = p.ongoing, p.aborted
+    for key, ranges in lane.parked.items():
+        for a, b in ranges:
+            for info in p.headers(max(a, p.start_offset), b):
+                if not info.flags & TRANSACTIONAL or (info.txn_hi, info.txn_lo) != key:
+                    raise AssertionError(f"{name}: parked span [{a}, {b}) of transaction {key} holds the batch at "
+                                         f"{info.base_offset} of another")
+    for a, b in lane.released:
+        for info in p.headers(max(a, p.start_offset), b):
+            key = (info.txn_hi, info.txn_lo)
+            if not info.flags & TRANSACTIONAL or ongoing.contains(*key) or aborted.contains(*key):
+                raise AssertionError(f"{name}: released span [{a}, {b}) holds the batch at {info.base_offset}, "
+                                     f"not of a committed transaction")
+    if not lane.read_committed or not p.txns.seen:
+        return
+    for info in p.headers(max(lo, p.start_offset), hi):
+        if not info.flags & TRANSACTIONAL or info.is_control:
+            continue
+        if ongoing.contains(info.txn_hi, info.txn_lo) or aborted.contains(info.txn_hi, info.txn_lo):
+            a, b = max(info.base_offset, lo) - lo, min(info.next_offset, hi) - lo
+            bad = np.flatnonzero(handed[a:b]) + lo + a
+            _none_of(name, "handed out", bad, f"(read_committed) of the open or aborted transaction "
+                                             f"{(info.txn_hi, info.txn_lo)}")
 
 
 def _settled(lane, lo: int, hi: int):

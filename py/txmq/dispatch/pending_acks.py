@@ -17,6 +17,7 @@ redelivery) belongs to :mod:`txmq.dispatch.subscription`, which it asks.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import struct
 
@@ -301,14 +302,23 @@ class PendingAcks:
                     again = set(offsets)
                     if cumulative >= 0:
                         again.update(range(lane.cursor.mark_delete, cumulative + 1))
-                    # Offsets still waiting in the read buffer go out from there.
+                    # Offsets still waiting in the read buffer go out from there,
+                    # as do those out-of-order delivery parked or released.
                     read_up_to = (lane.buffer[lane.buf_i].offset if lane.buf_i < len(lane.buffer)
                                   else lane.read_offset)
+                    waiting = starts = ()
+                    if lane.parked or lane.released:
+                        waiting = lane.waiting_spans()
+                        starts = [a for a, _ in waiting]
                     # (settled() and _queue_redelivery(), inline: an abort
                     # makes every offset it held deliverable again at once)
                     md, acked, pending = lane.cursor.mark_delete, lane.cursor.acked, lane.pending
                     counts, outstanding, redeliver = lane.redelivery_count, lane.outstanding, lane.redeliver
                     for off in sorted(again):
+                        if waiting:
+                            i = bisect.bisect_right(starts, off) - 1
+                            if i >= 0 and off < waiting[i][1]:
+                                continue
                         if (off < read_up_to and off >= md and not acked.contains(off)
                                 and not (len(pending) and pending.is_pending(off)) and off not in outstanding):
                             counts[off] = counts.get(off, 0) + 1

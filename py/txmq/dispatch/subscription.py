@@ -13,19 +13,34 @@ The lane invariant: every offset in ``[mark_delete, read_offset)`` is
 either *settled* — acknowledged in the cursor, or pending in an open
 transaction — or in exactly one dispatch state: outstanding at one
 consumer (individually or in one batch delivery), waiting in the read
-buffer, or queued for redelivery. Transaction markers, and aborted
-batches under read_committed, are never delivered: the read passes over
-them by acknowledging them in the cursor. A settled offset is outstanding
-nowhere (a pending one is in no batch delivery either), but the read
-buffer and the redelivery queue may still name it, as they may an offset
-delivered again since it was queued: such an entry is dropped when it
-comes up. A queued offset is never in a batch delivery or the read buffer
-as well (it would be delivered twice). Offsets that retention deleted
+buffer, queued for redelivery, or (out-of-order delivery, below) parked
+behind its open transaction or released by its commit. Transaction
+markers, and aborted batches under read_committed, are never delivered:
+the read passes over them by acknowledging them in the cursor. A settled
+offset is outstanding nowhere (a pending one is in no batch delivery
+either), but the read buffer, the redelivery queue and the parked and
+released spans may still name it, as the queue may an offset delivered
+again since it was queued: such an entry is dropped when it comes up. A
+queued offset is never in a batch delivery or the read buffer as well
+(it would be delivered twice). Offsets that retention deleted
 need no state; offsets lost to quarantined bytes are in none either: the
 read passes over them without acknowledging them, until
 :meth:`Subscription.skip_lost` does. Nothing else is needed to deliver each message to one
 consumer at a time. With ``TXMQ_DEBUG=1`` every change of a lane is
 followed by a check of this (:mod:`txmq.dispatch.lane_invariant`).
+
+Out-of-order delivery (``allow_out_of_order_delivery``, shared
+read_committed subscriptions only): the lane reads up to the log end
+instead of maxReadPosition. A batch of a transaction whose fate is known
+is handled as above; a batch of a transaction still open (in the
+partition's ``ongoing``, asked before ``aborted``: an aborting
+transaction enters ``aborted`` before it leaves ``ongoing``) is *parked*:
+its offsets wait in ``parked``, by transaction, delivered to no one. The
+partition's end listener tells the lane when a transaction ends: a
+committed one's parked spans move to ``released`` (a heap of spans due
+now, delivered in offset order among the due redeliveries, redelivery
+count 0), an aborted one's are passed over as acknowledged. A parked
+offset is never acknowledged by the lane, so mark-delete stops below it.
 
 Acks made inside a transaction do not touch the cursor: they are held in the
 lane's pending-ack table and written to ``pending-<p>.log`` by the
@@ -59,7 +74,7 @@ from txmq.files import sync_dir, write_json
 from txmq.errors import (BrokerClosedError, DataLossError, NotAcknowledgeableError, SubscriptionBusyError,
                          SubscriptionTypeError, TransactionConflictError)
 from txmq.message import MessageId
-from txmq.storage.delivery import READ_COMMITTED, TRANSACTIONAL, read_limit
+from txmq.storage.delivery import ISOLATIONS, READ_COMMITTED, TRANSACTIONAL, read_limit
 from txmq.transactions.records import TxnID
 
 log = logging.getLogger("txmq.subscription")
@@ -73,16 +88,35 @@ RANGE_DELIVERY_MIN = 16
 POSITIONS = ("latest", "earliest")
 
 
+def config_problem(config: dict) -> str | None:
+    """What is wrong with a ``subscription.json`` (docs/FORMAT.md), or
+    None: a type, isolation and initial position it knows, and
+    ``allow_out_of_order_delivery`` (missing: False) true only for a
+    shared read_committed subscription."""
+    for key, allowed in (("type", TYPES), ("isolation", ISOLATIONS), ("initial_position", POSITIONS)):
+        if config.get(key) not in allowed:
+            return f"\"{key}\" is {config.get(key)!r}, not one of {', '.join(allowed)}"
+    ooo = config.get("allow_out_of_order_delivery", False)
+    if type(ooo) is not bool:
+        return f"\"allow_out_of_order_delivery\" is {ooo!r}, not true or false"
+    if ooo and (config["type"], config["isolation"]) != ("shared", READ_COMMITTED):
+        return (f"\"allow_out_of_order_delivery\" is true for a {config['type']} {config['isolation']} "
+                f"subscription (only a shared read_committed one delivers out of order)")
+    return None
+
+
 class _Lane:
     """Dispatch state of one subscription on one partition."""
 
     __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "buf_i", "outstanding",
                  "ranges", "redeliver", "redelivery_count", "deadlines", "pending", "pending_log",
-                 "unsynced_commits", "debug_changes", "debug_next", "lost_seen")
+                 "unsynced_commits", "debug_changes", "debug_next", "lost_seen", "parked", "released",
+                 "read_committed")
 
-    def __init__(self, partition, cursor: Cursor, pending, pending_log):
+    def __init__(self, partition, cursor: Cursor, pending, pending_log, read_committed: bool):
         self.partition = partition
         self.cursor = cursor
+        self.read_committed = read_committed   # (what lane_invariant checks against)
         self.redelivery_count: dict[int, int] = {}
         self.pending = pending             # PendingAckTable and pending-<p>.log: see pending_acks
         self.pending_log = pending_log
@@ -105,6 +139,17 @@ class _Lane:
         self.ranges: list = []                     # [start, end, consumer id] of batch deliveries
         self.redeliver: list = []                  # heap of (ready time, offset)
         self.deadlines: deque = deque()            # (deadline, offsets | None, start, end, consumer id)
+        self.parked: dict = {}                     # (hi, lo) of an open transaction -> [[start, end], ...]
+        self.released: list = []                   # heap of (start, end): a committed one's parked spans
+
+    def waiting_spans(self) -> list:
+        """Sorted ``[(start, end)]`` of what out-of-order delivery parked
+        or released: offsets that go out from there, not from the
+        redelivery queue."""
+        spans = [(a, b) for ranges in self.parked.values() for a, b in ranges]
+        spans += self.released
+        spans.sort()
+        return spans
 
     def locate(self) -> bool:
         """Point (seg, pos) at the batch holding ``read_offset``."""
@@ -124,10 +169,15 @@ class _Lane:
 
 
 class Subscription:
-    """Durable subscription state plus its live consumers. Thread-safe."""
+    """Durable subscription state plus its live consumers. Thread-safe.
+
+    ``allow_out_of_order_delivery`` (shared and read_committed only; the
+    broker checks): committed batches past an open transaction are
+    delivered at once, the open one's when it commits (module docstring)."""
 
     def __init__(self, broker, topic, name: str, path: str, *, type: str, isolation: str,
-                 initial_position: str, ack_timeout: float | None, nack_delay: float):
+                 initial_position: str, ack_timeout: float | None, nack_delay: float,
+                 allow_out_of_order_delivery: bool = False, created_ms: int | None = None):
         self.broker = broker
         self.topic = topic
         self.name = name
@@ -135,6 +185,7 @@ class Subscription:
         self.type = type
         self.isolation = isolation
         self.initial_position = initial_position
+        self.out_of_order = bool(allow_out_of_order_delivery)
         self.ack_timeout = ack_timeout
         self.nack_delay = nack_delay
         # The subscription lock, taken as ``cond`` or, where nothing waits
@@ -145,11 +196,10 @@ class Subscription:
         self._next_consumer_id = 0
         self.closed = False
         os.makedirs(path, exist_ok=True)
-        meta = os.path.join(path, "subscription.json")
-        if not os.path.exists(meta):
-            write_json(meta, {"type": type, "isolation": isolation,
-                              "initial_position": initial_position,
-                              "created_ms": time.time_ns() // 1_000_000})
+        self.created_ms = created_ms
+        if not os.path.exists(os.path.join(path, "subscription.json")):
+            self.created_ms = time.time_ns() // 1_000_000
+            self.write_config()
         self.lanes: list[_Lane] = []
         self.pending_acks = PendingAcks(self)   # the transaction participant for its acks
         for p in topic.partitions:
@@ -158,6 +208,15 @@ class Subscription:
             sync_dir(path)
             sync_dir(os.path.dirname(path))
 
+    def write_config(self) -> None:
+        """Write ``subscription.json``: type, isolation, initial position,
+        ``allow_out_of_order_delivery`` and creation time (docs/FORMAT.md)."""
+        config = {"type": self.type, "isolation": self.isolation, "initial_position": self.initial_position,
+                  "allow_out_of_order_delivery": self.out_of_order}
+        if self.created_ms is not None:
+            config["created_ms"] = self.created_ms
+        write_json(os.path.join(self.path, "subscription.json"), config)
+
     def _add_lane(self, partition) -> None:
         initial = partition.end_offset if self.initial_position == "latest" else partition.start_offset
         cursor = Cursor(os.path.join(self.path, f"cursor-{partition.index}.log"),
@@ -165,8 +224,10 @@ class Subscription:
         cursor.clamp(partition.end_offset)
         pending, pending_log = open_pending_log(os.path.join(self.path, f"pending-{partition.index}.log"),
                                                 self.broker.fsync, cursor.problems)
-        lane = _Lane(partition, cursor, pending, pending_log)
+        lane = _Lane(partition, cursor, pending, pending_log, self.isolation == READ_COMMITTED)
         self.lanes.append(lane)
+        if self.out_of_order:
+            partition.add_end_listener(self._on_txn_end)
         partition.add_listener(self._on_append)
 
     def _on_append(self, partition) -> None:
@@ -256,8 +317,11 @@ class Subscription:
 
     def limit(self, lane: _Lane) -> int:
         """Highest offset (exclusive) this subscription may deliver
-        (``txmq.storage.delivery.read_limit``)."""
+        (``txmq.storage.delivery.read_limit``): the log end when it
+        delivers out of order."""
         p = lane.partition
+        if self.out_of_order:
+            return p.end_offset
         return read_limit(self.isolation == READ_COMMITTED, p.max_read_position, p.end_offset)
 
     def receive(self, consumer, n: int, timeout: float | None) -> list:
@@ -284,6 +348,8 @@ class Subscription:
     def _next_due(self, consumer, now: float):
         due = None
         for lane in self._lanes_for(consumer):
+            if lane.released:
+                due = 0.0
             if lane.redeliver:
                 due = _min(due, lane.redeliver[0][0] - now)
             if lane.deadlines:
@@ -299,7 +365,10 @@ class Subscription:
         consumer.rr += 1
         for lane in lanes[k:] + lanes[:k]:
             self._expire(lane, now)
-            self._take_redeliveries(lane, consumer, n, now, out)
+            if lane.released:
+                self._take_due(lane, consumer, n, now, out)
+            else:
+                self._take_redeliveries(lane, consumer, n, now, out)
             self._take_fresh(lane, consumer, n, now, out)
             if lane_invariant.DEBUG:
                 lane_invariant.changed(lane)
@@ -331,7 +400,7 @@ class Subscription:
         cid = consumer.id
         if type(offsets) is range and len(offsets) >= RANGE_DELIVERY_MIN:
             # A dense run is one batch delivery, as receive_batch makes, not
-            # an entry per offset.
+            # an entry per offset. (_deliver_range, inline: every receive_many.)
             start, end = offsets.start, offsets.stop
             lane.ranges.append([start, end, cid])
             if self.ack_timeout:
@@ -341,8 +410,16 @@ class Subscription:
         if self.ack_timeout:
             lane.deadlines.append((now + self.ack_timeout, list(offsets), 0, 0, cid))
 
-    def _take_redeliveries(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
-        while lane.redeliver and lane.redeliver[0][0] <= now and len(out) < n:
+    def _deliver_range(self, lane: _Lane, cid: int, start: int, end: int, now: float) -> None:
+        """Offsets [start, end) go to consumer ``cid`` as one batch delivery."""
+        lane.ranges.append([start, end, cid])
+        if self.ack_timeout:
+            lane.deadlines.append((now + self.ack_timeout, None, start, end, cid))
+
+    def _take_redeliveries(self, lane: _Lane, consumer, n: int, now: float, out: list, below=None) -> None:
+        """Due redeliveries (only those below offset ``below``, if given)."""
+        while lane.redeliver and lane.redeliver[0][0] <= now and len(out) < n and (
+                below is None or lane.redeliver[0][1] < below):
             _, off = heapq.heappop(lane.redeliver)
             if lane.settled(off) or off in lane.outstanding or off < lane.partition.start_offset:
                 continue
@@ -400,6 +477,19 @@ class Subscription:
                 if info.base_offset > lane.read_offset:
                     self._lost(lane, lane.read_offset, min(info.base_offset, limit), fail_on_data_loss)
                 if info.next_offset <= lane.read_offset:
+                    lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
+                    if lane.seg is None:
+                        return None
+                    continue
+                if (self.out_of_order and info.flags & TRANSACTIONAL and not info.is_control
+                        and lane.partition.ongoing.contains(info.txn_hi, info.txn_lo)):
+                    # Out of order: read past an open transaction's batch,
+                    # which waits in the lane until it ends. ``ongoing`` is
+                    # asked before ``aborted`` (delivery.never_delivered).
+                    if info.base_offset >= limit:
+                        return None
+                    self._park(lane, info)
+                    lane.read_offset = max(lane.read_offset, info.next_offset)
                     lane.seg, lane.pos = lane.partition.next_batch(lane.seg, lane.pos)
                     if lane.seg is None:
                         return None
@@ -474,6 +564,160 @@ class Subscription:
                 return True
         return False
 
+    # -- out-of-order delivery: batches of open transactions wait in the lane -----
+
+    def _park(self, lane: _Lane, info) -> None:
+        """The batch ``info`` of a transaction still open is read past: its
+        offsets from ``read_offset`` on wait in ``lane.parked`` until the
+        transaction ends (lock held)."""
+        key = (info.txn_hi, info.txn_lo)
+        start = max(lane.read_offset, info.base_offset)
+        spans = lane.parked.get(key)
+        if spans is None:
+            lane.parked[key] = [[start, info.next_offset]]
+        elif spans[-1][1] == start:          # its batches back to back: one span
+            spans[-1][1] = info.next_offset
+        else:
+            spans.append([start, info.next_offset])
+
+    def _on_txn_end(self, partition, hi: int, lo: int, commit: bool) -> None:
+        """The partition's end listener: transaction (hi, lo) ended there.
+        What the lane parked of it is released (commit) or passed over as
+        acknowledged (abort), and waiting consumers are woken."""
+        with self.cond:
+            if self.closed or partition.index >= len(self.lanes):
+                return
+            lane = self.lanes[partition.index]
+            spans = lane.parked.pop((hi, lo), None)
+            if spans is None:
+                return
+            if commit:
+                for start, end in spans:
+                    heapq.heappush(lane.released, (start, end))
+                self.cond.notify_all()
+            else:
+                for start, end in spans:
+                    lane.cursor.skip(start, end)
+            if lane_invariant.DEBUG:
+                lane_invariant.changed(lane)
+
+    def _take_due(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
+        """Due redeliveries and released spans of ``lane``, lower offsets
+        first (lock held)."""
+        while len(out) < n:
+            redo = lane.redeliver and lane.redeliver[0][0] <= now
+            if not lane.released:
+                if redo:
+                    self._take_redeliveries(lane, consumer, n, now, out)
+                return
+            if not redo:
+                self._take_released(lane, consumer, n, now, out)
+                return
+            if lane.redeliver[0][1] <= lane.released[0][0]:
+                self._take_redeliveries(lane, consumer, n, now, out, lane.released[0][0] + 1)
+            else:
+                self._take_released(lane, consumer, n, now, out, lane.redeliver[0][1])
+
+    def _next_released(self, lane: _Lane, most: int, below=None):
+        """Pop the first unsettled run of the released spans, within one
+        batch and at most ``most`` offsets (and below ``below``), putting
+        back what follows it: ``(seg, pos, info, start, end)``, or None
+        when no span is left (lock held). Settled offsets are dropped."""
+        cursor = lane.cursor
+        while lane.released:
+            start, end = lane.released[0]
+            if below is not None and start >= below:
+                return None
+            heapq.heappop(lane.released)
+            start = max(start, cursor.mark_delete, lane.partition.start_offset)
+            if start >= end:
+                continue
+            acked = cursor.acked.next_acked(start) if len(cursor.acked) else None
+            if acked is not None and acked[0] <= start:
+                if acked[1] < end:
+                    heapq.heappush(lane.released, (acked[1], end))
+                continue
+            if len(lane.pending):
+                held = lane.pending.next_pending(start)
+                if held == start:
+                    if start + 1 < end:
+                        heapq.heappush(lane.released, (start + 1, end))
+                    continue
+            else:
+                held = -1
+            seg, pos = lane.partition.segment_for(start)
+            if seg is None:
+                continue
+            try:
+                info = seg.batch_at(pos)
+            except SegmentClosedError:          # retention: found again from the log start
+                heapq.heappush(lane.released, (start, end))
+                continue
+            if info.base_offset > start:       # lost to quarantined bytes: passed over, as a read does
+                if info.base_offset < end:
+                    heapq.heappush(lane.released, (info.base_offset, end))
+                continue
+            stop = min(end, info.next_offset, start + most)
+            if below is not None:
+                stop = min(stop, below)
+            if acked is not None:
+                stop = min(stop, acked[0])
+            if held > 0:
+                stop = min(stop, held)
+            if stop < end:
+                heapq.heappush(lane.released, (stop, end))
+            return seg, pos, info, start, stop
+        return None
+
+    def _take_released(self, lane: _Lane, consumer, n: int, now: float, out: list, below=None) -> None:
+        """Deliver released spans (a committed transaction's batches that
+        were parked) as fresh messages: redelivery count 0, they were never
+        delivered (lock held)."""
+        while len(out) < n:
+            run = self._next_released(lane, n - len(out), below)
+            if run is None:
+                return
+            seg, pos, info, start, stop = run
+            try:
+                msgs = seg.read_messages(pos, start, stop - start, self.topic.name, lane.partition.index,
+                                         MessageId, _txn_id(info))
+            except SegmentClosedError:
+                heapq.heappush(lane.released, (start, stop))
+                continue
+            if not msgs:
+                continue
+            self._deliver(lane, consumer, range(start, msgs[-1].offset + 1), now)
+            out += msgs
+
+    def _released_batch(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
+        """The first unsettled run of the released spans as a RecordBatch
+        over the mapped segment (no copy), or None."""
+        while (run := self._next_released(lane, max_messages)) is not None:
+            seg, pos, info, start, stop = run
+            try:
+                bufs = seg.arrow_buffers(pos)
+            except SegmentClosedError:
+                heapq.heappush(lane.released, (start, stop))
+                continue
+            self._deliver_range(lane, consumer.id, start, stop, now)
+            return _record_batch(pa, self.topic.name, lane.partition.index, info, bufs,
+                                 start - info.base_offset, stop - start)
+        return None
+
+    def _parked_undecided(self, lane: _Lane, md: int) -> int:
+        """Unacknowledged offsets at or above ``md`` that the lane parked
+        for transactions still open or aborted (not told yet): no backlog."""
+        p = lane.partition
+        acked = lane.cursor.acked
+        n = 0
+        for (hi, lo), spans in lane.parked.items():
+            if p.ongoing.contains(hi, lo) or p.aborted.contains(hi, lo):
+                for a, b in spans:
+                    a = max(a, md)
+                    if a < b:
+                        n += b - a - acked.count_in(a, b)
+        return n
+
     # -- the Arrow fast path ---------------------------------------------------
 
     def receive_batch(self, consumer, max_messages: int, timeout: float | None):
@@ -489,7 +733,12 @@ class Subscription:
                 for i in range(len(lanes)):
                     lane = lanes[(consumer.rr + i) % len(lanes)]
                     self._expire(lane, now)
-                    batch = self._redelivered_batch(lane, consumer, max_messages, now, pa)
+                    batch = None
+                    if lane.released and not (lane.redeliver and lane.redeliver[0][0] <= now
+                                              and lane.redeliver[0][1] < lane.released[0][0]):
+                        batch = self._released_batch(lane, consumer, max_messages, now, pa)
+                    if batch is None:
+                        batch = self._redelivered_batch(lane, consumer, max_messages, now, pa)
                     if batch is None:
                         batch = self._take_arrow(lane, consumer, max_messages, now, pa)
                     if lane_invariant.DEBUG:
@@ -553,9 +802,7 @@ class Subscription:
                 lane.seg = None
                 continue
             lane.read_offset = end
-            lane.ranges.append([start, end, consumer.id])
-            if self.ack_timeout:
-                lane.deadlines.append((now + self.ack_timeout, None, start, end, consumer.id))
+            self._deliver_range(lane, consumer.id, start, end, now)
             return _record_batch(pa, self.topic.name, lane.partition.index, info, bufs,
                                  start - info.base_offset, end - start)
         return None
@@ -784,16 +1031,20 @@ class Subscription:
             for lane in self.lanes:
                 md = lane.cursor.mark_delete
                 limit = self.limit(lane)
+                # Out of order, the open transactions' offsets are no backlog
+                # until they commit: those read past (parked) and those ahead.
+                parked = self._parked_undecided(lane, md) if self.out_of_order else 0
                 parts.append({
                     "partition": lane.partition.index,
                     "mark_delete": md,
                     "individually_acked": lane.cursor.acked.count(),
-                    "backlog": max(0, limit - md) - lane.cursor.acked.count_in(md, limit)
+                    "backlog": max(0, limit - md) - lane.cursor.acked.count_in(md, limit) - parked
                                - lane.partition.undeliverable(max(md, lane.read_offset), limit,
                                                               self.isolation == "read_committed",
-                                                              lane.cursor.acked),
+                                                              lane.cursor.acked, self.out_of_order),
                     "unacked": lane.outstanding_count(),
                     "pending_redelivery": len(lane.redeliver),
+                    "parked_transactions": len(lane.parked),
                     "cursor_problems_on_open": list(lane.cursor.problems),
                     "lost_unacked": sum(e - f - lane.cursor.acked.count_in(f, e) for f, e in
                                         lane.partition.lost_offsets(md, lane.partition.end_offset)),
@@ -801,6 +1052,7 @@ class Subscription:
             return {
                 "type": self.type,
                 "isolation": self.isolation,
+                "allow_out_of_order_delivery": self.out_of_order,
                 "consumers": [c.name or f"consumer-{c.id}" for c in self.consumers],
                 "backlog": sum(p["backlog"] for p in parts),
                 "unacked": sum(p["unacked"] for p in parts),
@@ -816,6 +1068,7 @@ class Subscription:
             self.cond.notify_all()
             for lane in self.lanes:
                 lane.partition.remove_listener(self._on_append)
+                lane.partition.remove_end_listener(self._on_txn_end)
                 # Acks of open transactions reach the log (the next open
                 # aborts them), as their accumulated sends reach the partitions.
                 for txn_id in lane.pending.unlogged_txns():

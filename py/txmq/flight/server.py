@@ -220,7 +220,7 @@ class FlightService(flight.FlightServerBase):
             self._check_running()
             t = wire.Ticket.decode(ticket.ticket)
             opts = ReadOptions(path=self.broker.path, isolation=t.isolation, include_headers=t.include_headers,
-                               fail_on_data_loss=t.fail_on_data_loss)
+                               fail_on_data_loss=t.fail_on_data_loss, out_of_order=t.out_of_order)
             if t.isolation not in ("read_committed", "read_uncommitted"):
                 raise InvalidArgumentError("ticket.isolation", t.isolation, "read_committed | read_uncommitted")
             batches = read_split(opts, t, self._dir)      # checks the range before the first batch

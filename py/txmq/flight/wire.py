@@ -115,19 +115,30 @@ class Ticket:
     isolation: str = "read_committed"
     include_headers: bool = False
     fail_on_data_loss: bool = True
+    out_of_order: bool = False          # allowOutOfOrderDelivery, with ...
+    as_of: tuple | None = None          # ... the (maxReadPosition, log end) it was planned at
 
     def encode(self) -> bytes:
-        return encode({"topic": self.topic, "partition": self.partition, "start": self.start, "end": self.end,
-                       "strict": self.strict, "isolation": self.isolation, "includeHeaders": self.include_headers,
-                       "failOnDataLoss": self.fail_on_data_loss})
+        obj = {"topic": self.topic, "partition": self.partition, "start": self.start, "end": self.end,
+               "strict": self.strict, "isolation": self.isolation, "includeHeaders": self.include_headers,
+               "failOnDataLoss": self.fail_on_data_loss}
+        if self.out_of_order:
+            obj["allowOutOfOrderDelivery"] = True
+            obj["asOf"] = list(self.as_of)
+        return encode(obj)
 
     @classmethod
     def decode(cls, raw) -> "Ticket":
         obj = decode("ticket", raw)
+        out_of_order = bool(field(obj, "ticket", "allowOutOfOrderDelivery", bool, optional=True))
+        as_of = field(obj, "ticket", "asOf", list, optional=True)
+        if out_of_order and (as_of is None or len(as_of) != 2 or not all(type(x) is int and x >= 0 for x in as_of)):
+            raise InvalidArgumentError("ticket.asOf", as_of, "[maxReadPosition, log end] with allowOutOfOrderDelivery")
         t = cls(field(obj, "ticket", "topic", str), field(obj, "ticket", "partition", int),
                 field(obj, "ticket", "start", int), field(obj, "ticket", "end", int),
                 field(obj, "ticket", "strict", bool), field(obj, "ticket", "isolation", str),
-                field(obj, "ticket", "includeHeaders", bool), field(obj, "ticket", "failOnDataLoss", bool))
+                field(obj, "ticket", "includeHeaders", bool), field(obj, "ticket", "failOnDataLoss", bool),
+                out_of_order, tuple(as_of) if out_of_order else None)
         if t.partition < 0 or t.start < 0 or t.end < t.start:
             raise InvalidArgumentError("ticket", obj, "partition >= 0 and 0 <= start <= end")
         return t
@@ -137,7 +148,8 @@ class Ticket:
         """The ticket of a planned range (a :class:`txmq.requester.read_plan.Split` or
         a Spark ``OffsetRange``) read with ``opts`` (ReadOptions)."""
         return cls(rng.topic, rng.partition, rng.start, rng.end, rng.strict, opts.isolation,
-                   opts.include_headers, opts.fail_on_data_loss)
+                   opts.include_headers, opts.fail_on_data_loss, opts.out_of_order,
+                   getattr(rng, "as_of", None) if opts.out_of_order else None)
 
 
 def token_path(data_dir) -> str:

@@ -24,7 +24,8 @@ import threading
 
 from txmq.errors import (ConcurrentTransactionsError, InvalidArgumentError, InvalidTxnStateError,
                          InvalidTxnTimeoutError, PartitionNotFoundError, ProducerFencedError,
-                         TopicNotFoundError, TransactionError, TransactionTimeoutError, InvalidTopicNameError)
+                         SubscriptionTypeError, TopicNotFoundError, TransactionError, TransactionTimeoutError,
+                         InvalidTopicNameError)
 from txmq.kafka.data import ProduceRefused
 from txmq.kafka.protocol import Error
 from txmq.transactions.records import TxnState
@@ -228,7 +229,9 @@ class Transactions:
             log.info("txmq.kafka: offsets of group %s on %s/%d in %s: %s", group_id, topic, index,
                      s.tp.transactional_id, e)
             return Error.CONCURRENT_TRANSACTIONS
-        except InvalidArgumentError:
+        except (InvalidArgumentError, SubscriptionTypeError):
+            # (a group named like a shared subscription of the Python API,
+            # an out-of-order one say: it takes no cumulative ack)
             return Error.INVALID_GROUP_ID
         del sub
         return Error.NONE

@@ -71,7 +71,7 @@ from txmq.errors import (CorruptLogError, DataDirLockedError, DataLossError, Inv
                          PartitionNotFoundError, TopicNotFoundError)
 from txmq.message import MessageId
 from txmq._readview import RV_CLOSED, RV_LIVE, RV_RECOVERING
-from txmq.storage.delivery import ISOLATIONS, backlog, never_delivered, read_limit
+from txmq.storage.delivery import ISOLATIONS, backlog, never_delivered, open_transactions, read_limit
 from txmq.storage.layout import (QUARANTINE_FILE, READVIEW_FILE, TXNBUF_FILE, TXNINDEX_SUFFIX, READVIEW_TRIES, ReadView,
                                  read_quarantine, read_readview, read_readview_file, read_txn_snapshot, segment_bases,
                                  segment_file, txnindex_entries)
@@ -295,8 +295,22 @@ class PartitionView:
                         self.partition, first, end - 1, path, pos)
         return lost
 
-    def limit(self, isolation: str, end: int | None) -> int:
-        return read_limit(isolation == "read_committed", self.max_read_position, self.log_end, end)
+    def limit(self, isolation: str, end: int | None, out_of_order: bool = False) -> int:
+        """Where a read stops: maxReadPosition under ``read_committed``, the
+        log end under ``read_uncommitted`` or ``out_of_order``; at most ``end``."""
+        return read_limit(isolation == "read_committed", self.max_read_position, self.log_end, end, out_of_order)
+
+    def open_transactions(self, as_of: tuple | None = None):
+        """The transactions that were open as of ``as_of``, the
+        ``(max_read_position, log_end)`` of this view or of an earlier one
+        of the partition (default: this view's): those with a batch at or
+        past that maxReadPosition and no marker below that log end. Every
+        transaction with data below it had ended by then. Scans the batch
+        headers in between; anything with ``contains(hi, lo)``
+        (``txmq.storage.delivery.OpenSet``)."""
+        mrp, end = as_of if as_of is not None else (self.max_read_position, self.log_end)
+        return open_transactions(info for _, _, info in self.batches(max(mrp, self.log_start),
+                                                                     min(end, self.log_end)))
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         """The first offset of this view published at or after
@@ -305,20 +319,31 @@ class PartitionView:
         off = offset_for_time([s.segment for s in self.segments], timestamp_ms)
         return None if off is None or off >= self.log_end else max(off, self.log_start)
 
-    def skipped(self, info, committed: bool) -> bool:
-        """A marker, or (``committed``) a batch of an aborted transaction."""
-        return never_delivered(info, self.aborted, committed)
+    def skipped(self, info, committed: bool, open_txns=None) -> bool:
+        """A marker, or (``committed``) a batch of an aborted transaction,
+        or (``open_txns``: an out-of-order read) of an open one."""
+        return never_delivered(info, self.aborted, committed, open_txns)
+
+    def _past_open(self, isolation: str, out_of_order: bool, as_of):
+        """The open transactions an out-of-order read skips, or None."""
+        _check_isolation(isolation)
+        if not out_of_order:
+            return None
+        if isolation != "read_committed":
+            raise InvalidArgumentError("allow_out_of_order_delivery", True, "False under read_uncommitted "
+                                       "(which reads open transactions' data anyway)")
+        return self.open_transactions(as_of)
 
     def read(self, start: int, end: int | None = None, isolation: str = "read_committed",
-             fail_on_data_loss: bool = False):
+             fail_on_data_loss: bool = False, allow_out_of_order_delivery: bool = False, as_of=None):
         """:meth:`ReadOnlyDirectory.read` within this view."""
-        _check_isolation(isolation)
-        return self._read(max(start, self.log_start), self.limit(isolation, end), isolation == "read_committed",
-                          self._loss_cb(fail_on_data_loss))
+        open_txns = self._past_open(isolation, allow_out_of_order_delivery, as_of)
+        return self._read(max(start, self.log_start), self.limit(isolation, end, open_txns is not None),
+                          isolation == "read_committed", self._loss_cb(fail_on_data_loss), open_txns)
 
-    def _read(self, start: int, limit: int, committed: bool, lost_cb=None):
+    def _read(self, start: int, limit: int, committed: bool, lost_cb=None, open_txns=None):
         for seg, pos, info in self.batches(start, limit, lost_cb):
-            if self.skipped(info, committed):
+            if self.skipped(info, committed, open_txns):
                 continue
             first = max(start, info.base_offset)
             txn = TxnID.from_words(info.txn_hi, info.txn_lo) if info.flags & TRANSACTIONAL else None
@@ -326,17 +351,18 @@ class PartitionView:
 
     def read_arrow(self, start: int, end: int | None = None, isolation: str = "read_committed",
                    max_rows: int = 65536, include_headers: bool = False, timestamp_unit: str = "ms",
-                   gather_below: int = GATHER_BELOW, fail_on_data_loss: bool = False):
+                   gather_below: int = GATHER_BELOW, fail_on_data_loss: bool = False,
+                   allow_out_of_order_delivery: bool = False, as_of=None):
         """:meth:`ReadOnlyDirectory.read_arrow` within this view."""
-        _check_isolation(isolation)
+        open_txns = self._past_open(isolation, allow_out_of_order_delivery, as_of)
         if not isinstance(max_rows, int) or max_rows < 1:
             raise InvalidArgumentError("max_rows", max_rows, "an int >= 1")
         if timestamp_unit not in ("ms", "us"):
             raise InvalidArgumentError("timestamp_unit", timestamp_unit, "ms | us")
-        limit = self.limit(isolation, end)
+        limit = self.limit(isolation, end, open_txns is not None)
         start = max(start, self.log_start)
         return _arrow_batches(self, start, limit, isolation == "read_committed", max_rows, include_headers,
-                              timestamp_unit, gather_below, self._loss_cb(fail_on_data_loss))
+                              timestamp_unit, gather_below, self._loss_cb(fail_on_data_loss), open_txns)
 
 
 def _inode(path: str):
@@ -690,7 +716,8 @@ class ReadOnlyDirectory:
     # -- reading ----------------------------------------------------------------
 
     def read(self, topic: str, partition: int, start: int, end: int | None = None,
-             isolation: str = "read_committed", fail_on_data_loss: bool = False):
+             isolation: str = "read_committed", fail_on_data_loss: bool = False,
+             allow_out_of_order_delivery: bool = False, as_of=None):
         """Messages of one partition with offsets in [start, end), in offset
         order, as :class:`txmq.Message` (key, value, headers, message_id,
         event_time, publish_time, txn_id). ``end`` defaults to, and is
@@ -699,15 +726,26 @@ class ReadOnlyDirectory:
         aborted transactions only under ``read_uncommitted``. A ``start``
         below the log start begins at the log start.
 
+        ``allow_out_of_order_delivery`` (``read_committed`` only): read up
+        to the log end, past open transactions, whose batches are skipped
+        (as are aborted ones): every committed and plain message there.
+        Which transactions count as open is fixed by ``as_of``, the
+        ``(max_read_position, log_end)`` of an earlier view of the
+        partition (:meth:`PartitionView.open_transactions`; default: this
+        view's), so a read planned in one process and done in another
+        returns the same messages.
+
         Offsets whose bytes failed their checks (quarantined: docs/FORMAT.md)
         are skipped and logged; with ``fail_on_data_loss`` the read raises
         :class:`txmq.errors.DataLossError` (path and byte) on reaching them
         instead."""
-        return self.view(topic, partition).read(start, end, isolation, fail_on_data_loss)
+        return self.view(topic, partition).read(start, end, isolation, fail_on_data_loss,
+                                                allow_out_of_order_delivery, as_of)
 
     def read_arrow(self, topic: str, partition: int, start: int, end: int | None = None,
                    isolation: str = "read_committed", max_rows: int = 65536, include_headers: bool = False,
-                   timestamp_unit: str = "ms", gather_below: int = GATHER_BELOW, fail_on_data_loss: bool = False):
+                   timestamp_unit: str = "ms", gather_below: int = GATHER_BELOW, fail_on_data_loss: bool = False,
+                   allow_out_of_order_delivery: bool = False, as_of=None):
         """``pyarrow.RecordBatch``es of the messages :meth:`read` would
         return, at most ``max_rows`` rows each, with the columns of Spark's
         Kafka source (:data:`arrow_schema`).
@@ -718,9 +756,11 @@ class ReadOnlyDirectory:
         segment is deleted). Runs of smaller batches are copied together
         (0: never). Offsets and timestamps are computed; headers are
         decoded. ``timestamp_unit``: "ms", or "us" for Spark (whose Arrow
-        reader takes microsecond timestamps only)."""
+        reader takes microsecond timestamps only).
+        ``allow_out_of_order_delivery`` and ``as_of``: see :meth:`read`."""
         return self.view(topic, partition).read_arrow(start, end, isolation, max_rows, include_headers,
-                                                      timestamp_unit, gather_below, fail_on_data_loss)
+                                                      timestamp_unit, gather_below, fail_on_data_loss,
+                                                      allow_out_of_order_delivery, as_of)
 
     # -- subscriptions and transactions (inspection) ---------------------------------
 
@@ -736,7 +776,9 @@ class ReadOnlyDirectory:
         (mark-delete, individually acknowledged offsets above it), the
         transactions holding pending acks there, and its backlog: the
         deliverable messages from mark-delete to the end its isolation
-        reads to that are not acknowledged. Replays the cursor and
+        reads to that are not acknowledged (with
+        ``allow_out_of_order_delivery``: to the log end, the transactions
+        open in the view not counted). Replays the cursor and
         pending-ack logs without truncating them. ``view_of(topic,
         partition)`` gives the partition views (default :meth:`view`, a
         fresh one each): a caller that already holds them passes its own."""
@@ -744,7 +786,8 @@ class ReadOnlyDirectory:
         settings = read_json(os.path.join(root, "subscription.json"))
         isolation = settings.get("isolation", "read_committed")
         committed = isolation == "read_committed"
-        out = dict(settings, name=name, topic=topic, partitions={})
+        out_of_order = settings.get("allow_out_of_order_delivery") is True
+        out = dict(settings, name=name, topic=topic, partitions={}, allow_out_of_order_delivery=out_of_order)
         view_of = view_of or self.view
         for p in self.partitions(topic):
             view = view_of(topic, p)
@@ -755,12 +798,14 @@ class ReadOnlyDirectory:
             mark_delete = cursor.mark_delete if cursor is not None else None
             entry = {"mark_delete": mark_delete, "pending_transactions": len(held)}
             if cursor is not None:
-                limit = view.limit(isolation, None)
+                limit = view.limit(isolation, None, out_of_order)
                 acked = sum(min(b, limit) - max(a, mark_delete) for a, b in cursor.acked.ranges()
                             if b > mark_delete and a < limit)
                 entry["acked_above_mark_delete"] = acked
+                # Out of order: committed data past open transactions is
+                # backlog, the open ones' is not (yet).
                 entry["backlog"] = _backlog(view, max(mark_delete, view.log_start), limit, committed,
-                                            cursor.acked)
+                                            cursor.acked, view.open_transactions() if out_of_order else None)
             out["partitions"][p] = entry
         return out
 
@@ -830,10 +875,11 @@ def _check_isolation(isolation: str) -> None:
         raise InvalidArgumentError("isolation", isolation, " | ".join(ISOLATIONS))
 
 
-def _backlog(view: PartitionView, start: int, limit: int, committed: bool, acked) -> int:
+def _backlog(view: PartitionView, start: int, limit: int, committed: bool, acked, open_txns=None) -> int:
     """The deliverable offsets in [start, limit) not in ``acked``
     (``txmq.storage.delivery.backlog``, the rule the subscriptions count by)."""
-    return backlog((info for _, _, info in view.batches(start, limit)), start, limit, view.aborted, committed, acked)
+    return backlog((info for _, _, info in view.batches(start, limit)), start, limit, view.aborted, committed, acked,
+                   open_txns)
 
 
 def _read_redo(path: str):
@@ -886,7 +932,7 @@ def arrow_schema(include_headers: bool = False, timestamp_unit: str = "ms"):
 
 
 def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool, max_rows: int,
-                   include_headers: bool, unit: str, gather_below: int, lost_cb=None):
+                   include_headers: bool, unit: str, gather_below: int, lost_cb=None, open_txns=None):
     """Record batches of at most ``max_rows`` rows. A batch of
     ``gather_below`` rows or more is yielded on its own, its key and value
     columns views of the mapping (Arrow's binary layout has one offsets
@@ -919,7 +965,7 @@ def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool,
                             np.asarray(offsets, np.int64), np.asarray(times, np.int64), headers)
 
     for seg, pos, info in view.batches(start, limit, lost_cb):
-        if view.skipped(info, committed):
+        if view.skipped(info, committed, open_txns):
             continue
         i0 = max(start, info.base_offset) - info.base_offset
         i1 = min(info.count, limit - info.base_offset)

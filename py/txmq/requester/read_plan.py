@@ -12,8 +12,9 @@ both on the client's behalf. Either way the same functions below run:
 - :func:`plan` fixes a batch read's ranges: for every partition read,
   offsets [start, end) where the end is the last stable offset
   (maxReadPosition) under ``read_committed``, the log end under
-  ``read_uncommitted``, or a smaller ``endingOffsets``, cut into
-  :class:`Split` pieces of at most ``maxOffsetsPerPartition`` offsets;
+  ``read_uncommitted`` or ``allowOutOfOrderDelivery``, or a smaller
+  ``endingOffsets``, cut into :class:`Split` pieces of at most
+  ``maxOffsetsPerPartition`` offsets;
 - :func:`initial_offsets` and :func:`current_offsets` answer a streaming
   read's planner; :func:`admit` shares ``maxOffsetsPerTrigger``;
 - :func:`read_split` checks a planned range against the partition as it is
@@ -27,6 +28,20 @@ maxReadPosition never moves back, so a range read later, while a writer
 keeps appending, holds the same committed rows the planner counted: one
 consistent committed prefix per partition.
 
+``allowOutOfOrderDelivery=true`` (batch reads under ``read_committed``)
+reads to the log end, past open transactions: every committed batch there,
+none of a transaction open or aborted when the read was planned. Each
+split carries ``as_of``, its partition's ``(maxReadPosition, log end)`` at
+planning: a transaction with data at or past that maxReadPosition and no
+marker below that log end was open then, and its batches are skipped
+whatever it has become by the time the task reads
+(:meth:`txmq.readonly.PartitionView.open_transactions`), so every task
+(and every retry of one) reads the same rows. A streaming read refuses
+the option: its offsets are one number per partition, so a micro-batch
+that skipped an open transaction could never deliver its batches once it
+commits, nor replay the same rows after a restart, without offsets that
+also record which transactions were open.
+
 Nothing here imports Spark: the Flight service runs in the owner, which
 need not have pyspark installed.
 """
@@ -36,7 +51,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from txmq.errors import DataLossError, InvalidArgumentError
 from txmq.requester import read_only_directory
@@ -71,6 +86,7 @@ class ReadOptions:
     split_offsets: int = SPLIT_OFFSETS_DEFAULT
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
+    out_of_order: bool = False     # allowOutOfOrderDelivery: past open transactions, to the log end
 
 
 @dataclass(frozen=True)
@@ -103,7 +119,7 @@ BY_TIME_STRATEGIES = ("error", "latest")
 COMMON_OPTIONS = ("path", "subscribe", "subscribePattern", "assign", "startingOffsets", "startingTimestamp",
                   "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "isolation",
                   "kafka.isolation.level", "includeHeaders", "maxOffsetsPerPartition", "minPartitions",
-                  "failOnDataLoss")
+                  "failOnDataLoss", "allowOutOfOrderDelivery")
 BATCH_OPTIONS = COMMON_OPTIONS + ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 STREAM_OPTIONS = COMMON_OPTIONS + ("maxOffsetsPerTrigger",)
 STREAM_ONLY = ("maxOffsetsPerTrigger",)
@@ -277,6 +293,15 @@ def parse_read_options(options, streaming: bool, *, path: str | None = None, ext
     isolation = isolation or kafka_level or "read_committed"
     if isolation not in ISOLATIONS:
         raise InvalidArgumentError("isolation", isolation, " | ".join(ISOLATIONS))
+    out_of_order = option_bool(options, "allowOutOfOrderDelivery", False)
+    if out_of_order and streaming:
+        raise InvalidArgumentError("allowOutOfOrderDelivery", _get(options, "allowOutOfOrderDelivery"),
+                                   "false in a streaming read: its offsets (one per partition) cannot record the "
+                                   "open transactions a micro-batch read past, so their batches could never be "
+                                   "delivered when they commit nor replayed alike (use a batch read)")
+    if out_of_order and isolation != "read_committed":
+        raise InvalidArgumentError("allowOutOfOrderDelivery", _get(options, "allowOutOfOrderDelivery"),
+                                   "false with isolation read_uncommitted (which reads open transactions anyway)")
 
     if streaming:
         # Spark's Kafka source: a stream starts at latest by default and has no end.
@@ -318,7 +343,7 @@ def parse_read_options(options, streaming: bool, *, path: str | None = None, ext
         max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger"),
         split_offsets=_positive_int(options, "maxOffsetsPerPartition") or SPLIT_OFFSETS_DEFAULT,
         min_partitions=_positive_int(options, "minPartitions"),
-        fail_on_data_loss=option_bool(options, "failOnDataLoss", True))
+        fail_on_data_loss=option_bool(options, "failOnDataLoss", True), out_of_order=out_of_order)
 
 
 class _Options(dict):
@@ -347,6 +372,7 @@ class Split:
     start: int
     end: int
     strict: bool = True
+    as_of: tuple | None = None     # out of order: (maxReadPosition, log end) at planning (module docstring)
 
 
 def _open(opts: ReadOptions):
@@ -366,8 +392,14 @@ def assigned(opts: ReadOptions, directory) -> list:
     return [(t, p) for t in topics for p in directory.partitions(t)]
 
 
-def _resolve(spec, key, view, isolation: str, default: str, strategy: str | None = None) -> tuple:
-    """(offset, strict) of ``spec`` for one partition, given its view. A
+def _top(opts: ReadOptions, view) -> int:
+    """Where ``latest`` is in ``view`` for a read with ``opts``."""
+    return view.limit(opts.isolation, None, opts.out_of_order)
+
+
+def _resolve(spec, key, view, top: int, default: str, strategy: str | None = None) -> tuple:
+    """(offset, strict) of ``spec`` for one partition, given its view and
+    where ``latest`` is there (``top``). A
     time resolves through the partition's time index to the first offset
     published at or after it; past the last message, a start (``strategy``
     given: Kafka's startingOffsetsByTimestampStrategy) fails with
@@ -381,7 +413,7 @@ def _resolve(spec, key, view, isolation: str, default: str, strategy: str | None
         if strategy == "error":
             raise InvalidArgumentError(spec.option, ts, f"a time no later than the last message of {key[0]}/{key[1]} "
                                        "(or startingOffsetsByTimestampStrategy=latest)")
-        return view.limit(isolation, None), True
+        return top, True
     if isinstance(spec, dict):
         off = spec.get(key, EARLIEST if default == "earliest" else LATEST)
     else:
@@ -389,7 +421,7 @@ def _resolve(spec, key, view, isolation: str, default: str, strategy: str | None
     if off == EARLIEST:
         return view.log_start, False
     if off == LATEST:
-        return view.limit(isolation, None), True
+        return top, True
     return off, True
 
 
@@ -423,7 +455,7 @@ def split(ranges: list, size: int, min_partitions: int | None) -> list:
         for i in range(n):
             lo = r.start + i * step
             hi = min(r.end, lo + step)
-            out.append(type(r)(r.topic, r.partition, lo, hi, r.strict if i == 0 else True))
+            out.append(replace(r, start=lo, end=hi, strict=r.strict if i == 0 else True))
     return out
 
 
@@ -437,13 +469,14 @@ def plan(opts: ReadOptions, directory) -> list:
     for topic, p in assigned(opts, directory):
         view = directory.view(topic, p)
         key = (topic, p)
-        top = view.limit(opts.isolation, None)
-        start, strict = _resolve(opts.starting, key, view, opts.isolation, "earliest", opts.by_time_strategy)
-        end, _ = _resolve(opts.ending, key, view, opts.isolation, "latest")
+        top = _top(opts, view)
+        start, strict = _resolve(opts.starting, key, view, top, "earliest", opts.by_time_strategy)
+        end, _ = _resolve(opts.ending, key, view, top, "latest")
         start = check_start(opts, topic, p, start, view)
         end = min(end, top)               # what is there now: fixed for every task
         if end > start:
-            ranges.append(Split(topic, p, start, end, strict))
+            as_of = (view.max_read_position, view.log_end) if opts.out_of_order else None
+            ranges.append(Split(topic, p, start, end, strict, as_of))
     return split(ranges, opts.split_offsets, opts.min_partitions)
 
 
@@ -461,13 +494,18 @@ def read_split(opts: ReadOptions, rng, directory=None):
     start = rng.start
     if view.log_start > start and rng.strict and opts.fail_on_data_loss:
         raise DataLossError(rng.topic, rng.partition, start, view.log_start, "retention deleted offsets")
-    top = view.limit(opts.isolation, None)
+    top = _top(opts, view)
     if top < rng.end and opts.fail_on_data_loss:
         # maxReadPosition and the log end never move back while the files
         # last; a shorter log means the directory was replaced or lost data.
         raise DataLossError(rng.topic, rng.partition, rng.end, top, "the log ends before the planned end")
+    as_of = getattr(rng, "as_of", None)
+    if opts.out_of_order and as_of is None:
+        raise InvalidArgumentError("as_of", None, "the (maxReadPosition, log end) an out-of-order range was "
+                                                  "planned at")
     return view.read_arrow(start, rng.end, opts.isolation, MAX_ROWS_PER_BATCH, opts.include_headers, "us",
-                           fail_on_data_loss=opts.fail_on_data_loss)
+                           fail_on_data_loss=opts.fail_on_data_loss,
+                           allow_out_of_order_delivery=opts.out_of_order, as_of=as_of)
 
 
 # -- streaming ---------------------------------------------------------------------------
@@ -488,7 +526,7 @@ def initial_offsets(opts: ReadOptions, directory) -> dict:
     out = {}
     for topic, p in assigned(opts, directory):
         view = directory.view(topic, p)
-        off, _ = _resolve(opts.starting, (topic, p), view, opts.isolation, "latest", opts.by_time_strategy)
+        off, _ = _resolve(opts.starting, (topic, p), view, _top(opts, view), "latest", opts.by_time_strategy)
         out[offset_key(topic, p)] = check_start(opts, topic, p, off, view)
     return out
 

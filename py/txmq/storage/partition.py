@@ -67,6 +67,7 @@ class Partition(SegmentLog):
         self.txns = TxnBuffer(self.path, fsync)
         self.producer_state = ProducerState(topic, index, producer_expiration_ms)
         self._listeners = []             # called with no lock held after an append
+        self._end_listeners = []         # called with no lock held after a transaction's marker
         os.makedirs(self.path, exist_ok=True)
         # Readers stop trusting the last opening's readview before recovery
         # cuts a tail or rewrites a .txnindex, and trust this one after.
@@ -127,6 +128,20 @@ class Partition(SegmentLog):
     def remove_listener(self, cb) -> None:
         try:
             self._listeners.remove(cb)
+        except ValueError:
+            pass
+
+    def add_end_listener(self, cb) -> None:
+        """``cb(partition, hi, lo, commit)`` after the marker of transaction
+        (hi, lo) is written here and the transaction has left ``ongoing``
+        (no lock held, before the append listeners): what a reader that
+        read past the open transaction waits for."""
+        self._end_listeners.append(cb)
+
+    def remove_end_listener(self, cb) -> None:
+        """Forget an end listener (one never added: nothing to do)."""
+        try:
+            self._end_listeners.remove(cb)
         except ValueError:
             pass
 
@@ -385,6 +400,9 @@ class Partition(SegmentLog):
             self._publish(active.next_offset)
         if snapshot:
             self.snapshot_txn_buffer()
+        if self._end_listeners:
+            for cb in list(self._end_listeners):
+                cb(self, hi, lo, commit)
         if self._listeners:
             for cb in self._listeners:
                 cb(self)
@@ -410,19 +428,22 @@ class Partition(SegmentLog):
         an aborted transaction."""
         return never_delivered(info, self.txns.aborted, skip_aborted)
 
-    def undeliverable(self, start: int, end: int, skip_aborted: bool, acked=None) -> int:
+    def undeliverable(self, start: int, end: int, skip_aborted: bool, acked=None, skip_open: bool = False) -> int:
         """How many offsets in [start, end) are never delivered: markers,
         and with ``skip_aborted`` (READ_COMMITTED) aborted data; with
-        ``acked`` (an AckSet) only those not in it (a reader passing them
-        acknowledges them, so a cursor's backlog must not subtract them
-        twice). Scans the batch headers of the range; 0 at once for a log
-        that never held a transaction."""
+        ``skip_open`` (out-of-order delivery) the data of transactions
+        still open too, not delivered yet; with ``acked`` (an AckSet) only
+        those not in it (a reader passing them acknowledges them, so a
+        cursor's backlog must not subtract them twice). Scans the batch
+        headers of the range; 0 at once for a log that never held a
+        transaction."""
         if not self.txns.seen or end <= start:
             return 0
         try:
-            return undelivered(self.headers(start, end), start, end, self.txns.aborted, skip_aborted, acked)
+            return undelivered(self.headers(start, end), start, end, self.txns.aborted, skip_aborted, acked,
+                               self.txns.ongoing if skip_open else None)
         except SegmentClosedError:   # retention moved the start: count what is left
-            return self.undeliverable(max(start, self.start_offset), end, skip_aborted, acked)
+            return self.undeliverable(max(start, self.start_offset), end, skip_aborted, acked, skip_open)
 
     # -- snapshots: the transaction buffer and the producer table ------------------
 
