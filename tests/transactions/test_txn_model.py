@@ -9,11 +9,13 @@ read_committed, shared / read_uncommitted, and shared / read_committed with
 send plainly or in a transaction (one message or a batch); receive; ack in
 a transaction, individually or cumulatively, including acks that must
 conflict; ack by MessageId in a transaction messages not yet delivered;
+prepare transactions, use them (refused), and end them through their
+handle or the broker;
 consume-process-produce in one transaction; ack plainly, cumulatively, or
 nack; commit, abort or force-abort; use ended transactions; let a short
 transaction time out; reconnect a consumer; read a whole topic with a new
 subscription; close and reopen the broker (recovery aborts every
-transaction still open).
+transaction still open, and keeps every prepared one, G11).
 
 The model knows every partition's log (data messages and the one-offset
 COMMIT / ABORT markers: data offsets are not dense), every transaction's
@@ -77,6 +79,7 @@ LONG_TIMEOUT = 600.0          # never reached within one example
 SHORT_TIMEOUT = 0.3           # the timeout rule (the broker checks every 0.05 s); wide enough
                               # that the sends before it never race it, even on a loaded machine
 MAX_OPEN = 4                  # open transactions at a time
+MAX_PREPARED = 2              # prepared ones (they hold readers back until ended)
 MAX_TIMEOUTS = 1              # per example: each costs ~0.35 s of waiting
 REOPEN_EVERY = 20             # steps of a broker life before it may be reopened
 FRESH_READER_EVERY = 10       # steps between two whole-topic readers
@@ -86,7 +89,8 @@ STEPS_PER_EXAMPLE = 80
 MIN_STEPS = 2000              # a run takes at least 2,000 steps
 assert EXAMPLES * STEPS_PER_EXAMPLE >= MIN_STEPS
 
-HANDLE_STATE = {"open": TxnState.OPEN, "committed": TxnState.COMMITTED, "aborted": TxnState.ABORTED}
+HANDLE_STATE = {"open": TxnState.OPEN, "prepared": TxnState.PREPARED, "committed": TxnState.COMMITTED,
+                "aborted": TxnState.ABORTED}
 
 
 class MTxn:
@@ -95,7 +99,8 @@ class MTxn:
     def __init__(self, handle):
         self.handle = handle
         self.id = handle.id
-        self.state = "open"               # open | committed | aborted
+        self.state = "open"               # open | prepared | committed | aborted
+        self.stale = False                # its handle is of an earlier broker life
         self.how = None                   # commit | abort | forced | timeout | recovery
         self.first = {}                   # (topic, p) -> its first data offset there
         self.parts = set()                # (topic, p) registered
@@ -171,12 +176,20 @@ class TxnModel(RuleBasedStateMachine):
     def open_txns(self):
         return [T for T in self.txns if T.state == "open"]
 
+    def prepared_txns(self):
+        return [T for T in self.txns if T.state == "prepared"]
+
+    def live_txns(self):
+        """Open or prepared: holding their data back and their acks pending."""
+        return [T for T in self.txns if T.state in ("open", "prepared")]
+
     def ended_txns(self):
-        return [T for T in self.txns if T.state != "open"]
+        """Ended in this broker life, with a handle of it."""
+        return [T for T in self.txns if T.state not in ("open", "prepared") and not T.stale]
 
     def mrp(self, tp):
         """max_read_position: the first offset of the oldest open transaction, or the log end."""
-        firsts = [T.first[tp] for T in self.open_txns() if tp in T.first]
+        firsts = [T.first[tp] for T in self.live_txns() if tp in T.first]
         return min(firsts) if firsts else len(self.log[tp])
 
     def visible(self, t, p, o, iso, out_of_order=False):
@@ -196,7 +209,7 @@ class TxnModel(RuleBasedStateMachine):
 
     def owner(self, key, o):
         """The open transaction holding ``o`` pending on lane ``key``, or None."""
-        holders = [T for T in self.open_txns() if o in T.indiv.get(key, ()) or T.cum.get(key, -1) >= o]
+        holders = [T for T in self.live_txns() if o in T.indiv.get(key, ()) or T.cum.get(key, -1) >= o]
         assert len(holders) <= 1, f"model: {key} offset {o} pending in {holders}"
         return holders[0] if holders else None
 
@@ -253,7 +266,7 @@ class TxnModel(RuleBasedStateMachine):
         """Commit or abort ``T`` in the model: a marker on every partition
         with its data; its pending acks applied (commit) or made deliverable
         again with redelivery count + 1 (abort)."""
-        assert T.state == "open"
+        assert T.state in ("open", "prepared")
         T.state = "committed" if commit else "aborted"
         T.how = how
         for tp in T.first:
@@ -337,6 +350,64 @@ class TxnModel(RuleBasedStateMachine):
         else:
             with pytest.raises(TransactionNotFoundError):
                 self.broker.abort_transaction(T.id)
+
+    @precondition(lambda self: self.open_txns() and len(self.prepared_txns()) < MAX_PREPARED)
+    @rule(data=st.data())
+    def prepare(self, data):
+        """Prepare an open transaction: it keeps holding its data back and
+        its acks pending, and only its commit or abort ends it (G11)."""
+        self._step()
+        T = data.draw(st.sampled_from(self.open_txns()), label="txn")
+        T.handle.prepare(xid=f"model-{T.id}")
+        T.state = "prepared"
+
+    @precondition(lambda self: self.prepared_txns())
+    @rule(data=st.data(), how=st.sampled_from(["commit", "abort", "commit_prepared", "abort_prepared"]))
+    def end_prepared(self, data, how):
+        """Commit or abort a prepared transaction, through its handle or,
+        after a reopen or at will, through the broker (commit_prepared /
+        abort_prepared, which a second time do nothing)."""
+        self._step()
+        T = data.draw(st.sampled_from(self.prepared_txns()), label="txn")
+        commit = how.startswith("commit")
+        if T.stale or how.endswith("prepared"):
+            (self.broker.commit_prepared if commit else self.broker.abort_prepared)(T.id)
+            (self.broker.commit_prepared if commit else self.broker.abort_prepared)(T.id)
+        else:
+            T.handle.commit() if commit else T.handle.abort()
+        self._end(T, commit, "commit" if commit else "abort")
+        assert self.broker.prepared_outcome(T.id) is (TxnState.COMMITTED if commit else TxnState.ABORTED)
+        assert self.broker.forget_prepared(T.id) is True
+
+    @precondition(lambda self: self.prepared_txns())
+    @rule(data=st.data(), op=st.sampled_from(["send", "ack", "prepare", "force_abort"]))
+    def use_prepared(self, data, op):
+        """A prepared transaction takes no more sends or acks, is not
+        prepared twice and is not force-aborted; nothing changes."""
+        self._step()
+        T = data.draw(st.sampled_from(self.prepared_txns()), label="txn")
+        if op == "force_abort":
+            with pytest.raises(InvalidTxnStateError):
+                self.broker.abort_transaction(T.id)
+            return
+        if T.stale:
+            return                          # (its handle died with its broker)
+        h = T.handle
+        if op == "send":
+            t, p = data.draw(st.sampled_from(PARTITION_KEYS), label="partition")
+            with pytest.raises(InvalidTxnStateError):
+                self.producers[t].send(b"never", partition=p, txn=h)
+        elif op == "ack":
+            subs = [k for k in SUB_KEYS if self.delivered[k]]
+            if not subs:
+                return
+            sub = data.draw(st.sampled_from(subs), label="sub")
+            m = self.delivered[sub][data.draw(st.sampled_from(sorted(self.delivered[sub])), label="message")]
+            with pytest.raises(InvalidTxnStateError):
+                self.consumers[sub].ack(m, txn=h)
+        else:
+            with pytest.raises(InvalidTxnStateError):
+                h.prepare()
 
     @precondition(lambda self: self.timeouts < MAX_TIMEOUTS)
     @rule(data=st.data())
@@ -483,7 +554,7 @@ class TxnModel(RuleBasedStateMachine):
             return self.owner(key, o) is None
 
         def free_below(key, o):
-            return not any(key in T.cum or any(x <= o for x in T.indiv.get(key, ())) for T in self.open_txns())
+            return not any(key in T.cum or any(x <= o for x in T.indiv.get(key, ())) for T in self.live_txns())
 
         if op == "nack":
             subs = [k for k in SUB_KEYS if self.outstanding(k)]
@@ -549,7 +620,7 @@ class TxnModel(RuleBasedStateMachine):
         for p, o in chosen:
             key = (t, s, p)
             if cumulative:
-                for U in self.open_txns():
+                for U in self.live_txns():
                     if U is not T and (key in U.cum or any(x <= o for x in U.indiv.get(key, ()))):
                         conflicts.setdefault((p, o), set()).add(U.id)
             elif o in self.lanes[key].acked:
@@ -602,7 +673,7 @@ class TxnModel(RuleBasedStateMachine):
         cumulative ack at ``o``, anything at or below it on the lane."""
         if not cumulative:
             return self.owner(key, o) is not None
-        return any(key in U.cum or any(x <= o for x in U.indiv.get(key, ())) for U in self.open_txns())
+        return any(key in U.cum or any(x <= o for x in U.indiv.get(key, ())) for U in self.live_txns())
 
     @precondition(lambda self: self._any_delivered())
     @rule(data=st.data(), cumulative=st.booleans(), aim=st.sampled_from(["any", "held"]))
@@ -639,7 +710,7 @@ class TxnModel(RuleBasedStateMachine):
         if aim == "held":                   # ack in another transaction than the holders
             for p, o in chosen:
                 key = (t, s, p)
-                holders.update(U for U in self.open_txns()
+                holders.update(U for U in self.live_txns()
                                if o in U.indiv.get(key, ()) or (key in U.cum and (cumulative or U.cum[key] >= o))
                                or (cumulative and any(x <= o for x in U.indiv.get(key, ()))))
         self._ack_in_txn(self._txn(data, avoid=holders), sub, chosen, cumulative)
@@ -739,6 +810,7 @@ class TxnModel(RuleBasedStateMachine):
         memory); acknowledgements stay."""
         self._step()
         was_open = self.open_txns()
+        prepared = self.prepared_txns()
         old = self.txns[-1].handle if self.txns else None
         self.broker.close()
         self.broker = txmq.Broker(self.dir, fsync="never")
@@ -755,13 +827,15 @@ class TxnModel(RuleBasedStateMachine):
             lane.hw = 0
         for d in self.delivered.values():
             d.clear()
-        self.txns = []
+        self.txns = prepared                # (a prepared transaction outlives its broker)
+        for T in prepared:
+            T.stale = True
         self.timed_out_this_life = 0
         self.life_steps = 0
         self.last_fresh = -FRESH_READER_EVERY
         stats = self.broker.stats()["transactions"]
         assert stats["recovered"] == {"committed": 0, "aborted": recovered}, (stats["recovered"], was_open)
-        assert self.broker.transactions() == []
+        assert [d["id"] for d in self.broker.transactions()] == sorted(str(T.id) for T in prepared)
         if old is not None:
             with pytest.raises(BrokerClosedError):
                 old.commit()
@@ -771,27 +845,30 @@ class TxnModel(RuleBasedStateMachine):
 
     @invariant()
     def transactions_match(self):
-        want = {str(T.id): T for T in self.open_txns()}
+        want = {str(T.id): T for T in self.live_txns()}
         listed = self.broker.transactions()
         assert {d["id"] for d in listed} == set(want), (listed, want)
         for d in listed:
             T = want[d["id"]]
-            assert d["state"] == "OPEN", d
+            assert d["state"] == T.state.upper(), d
             assert d["partitions"] == sorted(f"{t}/{p}" for t, p in T.parts), (d, T.parts)
             assert d["subscriptions"] == sorted(f"{t}/{s}" for t, s in T.subs), (d, T.subs)
         for T in self.txns:
-            assert T.handle.state is HANDLE_STATE[T.state], (T, T.handle.state)
+            if not T.stale:
+                assert T.handle.state is HANDLE_STATE[T.state], (T, T.handle.state)
+        assert sorted(d["id"] for d in self.broker.prepared_transactions()) == \
+            sorted(str(T.id) for T in self.prepared_txns())
 
     @invariant()
     def partitions_match(self):
         stats = self.broker.stats()
-        assert stats["transactions"]["open"] == len(self.open_txns())
+        assert stats["transactions"]["open"] == len(self.live_txns())
         assert stats["transactions"]["timed_out"] == self.timed_out_this_life
         for t, p in PARTITION_KEYS:
             ps = stats["topics"][t]["partitions"][p]
             assert ps["end_offset"] == len(self.log[(t, p)]), (t, p, ps)
-            assert ps["max_read_position"] == self.mrp((t, p)), (t, p, ps, self.open_txns())
-            assert ps["open_transactions"] == sum(1 for T in self.open_txns() if (t, p) in T.first), (t, p, ps)
+            assert ps["max_read_position"] == self.mrp((t, p)), (t, p, ps, self.live_txns())
+            assert ps["open_transactions"] == sum(1 for T in self.live_txns() if (t, p) in T.first), (t, p, ps)
             for s, _, iso in SUBS:
                 key = (t, s, p)
                 lane_stats = stats["topics"][t]["subscriptions"][s]["partitions"][p]
