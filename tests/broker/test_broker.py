@@ -346,6 +346,28 @@ def test_bad_acks_are_typed_errors(broker):
     assert c.receive(timeout=1).value == b"a"             # nothing was acknowledged
 
 
+def test_a_transactional_ack_of_received_messages_from_elsewhere_is_refused_whole(broker):
+    """ack(list, txn=) of received Messages reads their ids in compiled
+    code: a message of another topic among them is a typed error naming
+    its id, and none of the list becomes pending."""
+    broker.create_topic("t")
+    broker.create_topic("u")
+    broker.producer("t").send_batch([b"a", b"b"])
+    broker.producer("u").send(b"x")
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    other = broker.subscribe("u", "s", initial_position="earliest").receive(timeout=1)
+    mine = c.receive_many(2, timeout=1)
+    txn = broker.new_transaction()
+    with pytest.raises(errors.NotAcknowledgeableError) as e:
+        c.ack(mine + [other], txn=txn)
+    assert e.value.message_id == txmq.MessageId("u", 0, 0)
+    other_txn = broker.new_transaction()
+    c.ack(mine, txn=other_txn)           # no conflict: the refused ack held none of them
+    txn.commit()
+    other_txn.commit()
+    assert broker.stats()["topics"]["t"]["subscriptions"]["s"]["backlog"] == 0
+
+
 def test_seek(broker):
     broker.create_topic("t", partitions=2)
     p = broker.producer("t")

@@ -390,7 +390,10 @@ print("WRITTEN", flush=True)
 """
 
 
-@pytest.mark.parametrize("point", ["ingest.appended", pytest.param("ingest.committed", marks=pytest.mark.slow)])
+# Slow (two Spark drivers, 40-70 s): the default run covers both crash
+# points of the commit without Spark (tests/requester/test_ingest_crash.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["ingest.appended", "ingest.committed"])
 def test_driver_killed_during_a_batch_write_commit(tmp_path, point):
     """The commit of a batch write (no owner: the commit process opens the
     directory) is SIGKILLed at ``point`` — its transaction appended, or

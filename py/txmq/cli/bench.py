@@ -60,8 +60,11 @@ def pytest_command(targets: list, *extra) -> list:
 def bench_env() -> dict:
     """The benchmarks' environment: no ``TXMQ_DEBUG`` (its O(n) checks
     would skew every figure), and the txmq this command runs first on the
-    path (the benchmarks must time it)."""
-    env = dict(os.environ)
+    path (the benchmarks must time it). The benchmarks are a pytest
+    session of their own: run from inside a pytest-xdist worker (the test
+    suite), the worker's variables would make pytest-benchmark turn itself
+    off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env.pop("TXMQ_DEBUG", None)
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(txmq.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in [env.get("PYTHONPATH")] if p])

@@ -142,7 +142,12 @@ class Consumer:
                 self._sub.ack([MessageId(self.topic, partition, int(o)) for o in offsets])
             return
         if txn is not None:
-            self._sub.pending_acks.ack_txn(meta_of(txn, self._broker), _ids(messages))
+            meta = meta_of(txn, self._broker)
+            if type(messages) is list and all_received(messages):
+                # (their ids are read in compiled code, as below)
+                self._sub.pending_acks.ack_txn(meta, messages)
+            else:
+                self._sub.pending_acks.ack_txn(meta, _ids(messages))
             return
         if type(messages) is list and all_received(messages):
             self._sub.ack(messages)     # (their ids are read in compiled code)
