@@ -174,8 +174,6 @@ class Producer:
             sequence = -1
         elif type(sequence) is not int or not 0 <= sequence < SEQUENCE_LIMIT:
             raise InvalidArgumentError("sequence", sequence, "an int from 0 to 2**31 - 1")
-        spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
-                         None if event_time is None else [event_time])
         parts = self._topic.partitions
         if sequence >= 0 and partition is None and key is None and len(parts) > 1:
             raise _unrouted(sequence)
@@ -214,6 +212,9 @@ class Producer:
             if acc.full:
                 self._batching.flush(acc)
             return mid
+        # (a batched send above checks the message in acc.add instead)
+        spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
+                         None if event_time is None else [event_time])
         if self._accs:
             acc = self._accs.get(p)
             if acc is not None and acc.count:
