@@ -86,3 +86,33 @@ def test_ack_timeout_still_covers_a_batch_split_by_a_nack(broker):
             seen.add(m.offset)
             c.ack(m)
     assert seen == {0, 1, 2, 3}
+
+
+def test_a_batch_delivery_has_the_fields_of_the_messages(broker):
+    """Each column of ``receive_batch`` holds what ``receive_many`` gives
+    for the same messages, from the middle of a stored batch on: keys
+    (null where none), values, offsets, event and publish times."""
+    import pyarrow as pa
+    p = broker.producer("t")
+    p.send_batch([b"v%d" % i for i in range(6)], keys=[None, b"k1", None, b"k3", b"k4", None],
+                 event_times=[1_000 + 7 * i for i in range(6)])
+    p.send_batch([b"w%d" % i for i in range(3)])
+    want = broker.subscribe("t", "expected", initial_position="earliest").receive_many(9, timeout=1)
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    c.ack(c.receive_many(2, timeout=1))
+    c.close()
+    c = broker.subscribe("t", "s")
+    got = []
+    while len(got) < 7:
+        batch = c.receive_batch(100, timeout=1)
+        assert batch.schema.field("event_time").type == pa.timestamp("ms")
+        assert batch.schema.field("publish_time").type == pa.timestamp("ms")
+        assert batch.schema.field("offset").type == pa.int64()
+        ms = {name: batch.column(name).cast(pa.int64()).to_pylist() for name in ("event_time", "publish_time")}
+        got += [dict(r, event_time=e, publish_time=t)
+                for r, e, t in zip(batch.to_pylist(), ms["event_time"], ms["publish_time"])]
+    assert [r["offset"] for r in got] == [m.offset for m in want[2:]]
+    assert [r["key"] for r in got] == [m.key for m in want[2:]]
+    assert [r["value"] for r in got] == [m.value for m in want[2:]]
+    assert [r["event_time"] for r in got] == [m.event_time for m in want[2:]]
+    assert [r["publish_time"] for r in got] == [m.publish_time for m in want[2:]]
