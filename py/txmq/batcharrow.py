@@ -22,3 +22,14 @@ def batch_arrays(bufs: dict, first_event_time: int):
                                                     pa.py_buffer(bufs["values"])], null_count=0)
     times = first_event_time + np.frombuffer(bufs["event_deltas"], "<i4").astype(np.int64)
     return keys, values, times
+
+
+def int64_array(type_, values):
+    """An Arrow array of a 64-bit type (int64, a timestamp) over the memory
+    of an int64 numpy array, without nulls: no conversion, where
+    ``pa.array(values, pa.timestamp(...))`` costs some 10 us per 1,000
+    values."""
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values, np.int64)
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)], null_count=0)

@@ -66,7 +66,7 @@ import numpy as np
 
 from txmq._ackset import group_offsets
 from txmq._segment import SegmentClosedError
-from txmq.batcharrow import batch_arrays
+from txmq.batcharrow import batch_arrays, int64_array
 from txmq.dispatch import lane_invariant
 from txmq.dispatch.pending_acks import PendingAcks, open_pending_log
 from txmq.storage.cursor import Cursor
@@ -1132,17 +1132,10 @@ def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int
     keys, values, times = batch_arrays(bufs, info.first_event_time)
     offsets = np.arange(info.base_offset + first, info.base_offset + first + n, dtype=np.int64)
     return pa.RecordBatch.from_arrays(
-        [keys.slice(first, n), values.slice(first, n), _int64_array(pa, pa.int64(), offsets),
-         _int64_array(pa, pa.timestamp("ms"), np.ascontiguousarray(times[first:first + n])),
-         _int64_array(pa, pa.timestamp("ms"), np.full(n, info.publish_time, np.int64))],
+        [keys.slice(first, n), values.slice(first, n), int64_array(pa.int64(), offsets),
+         int64_array(pa.timestamp("ms"), times[first:first + n]),
+         int64_array(pa.timestamp("ms"), np.full(n, info.publish_time, np.int64))],
         schema=_batch_schema(pa, topic, partition))
-
-
-def _int64_array(pa, type_, values):
-    """An Arrow array of 64-bit ``type_`` over a contiguous int64 numpy
-    array's memory (no nulls): no conversion, which ``pa.array`` of a
-    timestamp type would make."""
-    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)], null_count=0)
 
 
 @functools.lru_cache(maxsize=4096)

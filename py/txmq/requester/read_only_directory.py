@@ -63,7 +63,7 @@ from txmq._segment import Segment
 from txmq._redolog import FILE_HEADER, SNAPSHOT, parse as parse_frames
 from txmq._txn import AbortSet, OngoingQueue
 from txmq._txnlog import ABORTED, ABORTING, COMMITTED, COMMITTING, OPEN, PREPARED, replay_coordinator, replay_pending
-from txmq.batcharrow import batch_arrays
+from txmq.batcharrow import batch_arrays, int64_array
 from txmq.files import read_json
 from txmq.storage.cursor import replay as replay_cursor
 from txmq.storage.datadir import lock_files
@@ -951,7 +951,7 @@ def _arrow_batches(view: PartitionView, start: int, limit: int, committed: bool,
     def record_batch(keys, values, offsets, times, headers):
         n = len(offsets)
         columns = [keys, values, pa.repeat(view.topic, n), pa.array(np.full(n, view.partition, np.int32)),
-                   pa.array(offsets), pa.array(times * scale, schema.field("timestamp").type),
+                   int64_array(pa.int64(), offsets), int64_array(schema.field("timestamp").type, times * scale),
                    pa.array(np.zeros(n, np.int32))]
         if include_headers:
             # A message without headers has an empty list, never NULL (Kafka's source).
