@@ -121,7 +121,7 @@ class Consumer:
             meta = txn._meta
             if meta.owner is not None:
                 meta.check_owner()
-            self._sub.pending_acks.ack_one(meta, messages.message_id)
+            self._sub.pending_acks.ack_one(meta, messages.topic, messages.partition, messages.offset)
             return
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):

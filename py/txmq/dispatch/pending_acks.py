@@ -123,20 +123,20 @@ class PendingAcks:
                     lane_invariant.changed(lane)
         return n
 
-    def ack_one(self, meta, message_id) -> None:
-        """:meth:`ack_txn` of one message: ``ack(m, txn=)``, the README's
-        loop. The pending-ack table checks and records the offset in one
-        compiled call; the log gets it with the rest of the transaction's
-        acks here (:meth:`write_txn`)."""
+    def ack_one(self, meta, topic, partition, offset) -> None:
+        """:meth:`ack_txn` of one message, given by the fields of its id
+        (no id tuple is built): ``ack(m, txn=)``, the README's loop. The
+        pending-ack table checks and records the offset in one compiled
+        call; the log gets it with the rest of the transaction's acks here
+        (:meth:`write_txn`)."""
         sub = self.subscription
-        topic, partition, offset = message_id
         lanes = sub.lanes
         if (topic != self.topic.name or type(partition) is not int or not 0 <= partition < len(lanes)
                 or type(offset) is not int):
-            sub._lane_of(message_id)          # raises what is wrong with it
+            sub._lane_of(MessageId(topic, partition, offset))    # raises what is wrong with it
         lane = lanes[partition]
         if not 0 <= offset < lane.partition._segments[-1].next_offset:
-            sub._lane_of(message_id)
+            sub._lane_of(MessageId(topic, partition, offset))
         if meta.subscriptions.get(self.key) is not self:
             sub.broker._coordinator_of(meta).register_subscription(meta, self)
         with sub.lock:
