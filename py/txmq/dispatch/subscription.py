@@ -53,21 +53,18 @@ it for redelivery (or leaves it to the read buffer, if it waits there).
 
 from __future__ import annotations
 
-import bisect
-import functools
 import heapq
 import logging
 import os
 import threading
 import time
-from collections import deque
-
-import numpy as np
 
 from txmq._ackset import group_offsets
 from txmq._segment import SegmentClosedError
-from txmq.batcharrow import batch_arrays, int64_array
 from txmq.dispatch import lane_invariant
+from txmq.dispatch.arrow_delivery import ArrowDelivery
+from txmq.dispatch.lanes import _Lane, _changed, _cut_from_ranges, _min, _touches, _txn_id
+from txmq.dispatch.out_of_order import OutOfOrderDelivery
 from txmq.dispatch.pending_acks import PendingAcks, open_pending_log
 from txmq.storage.cursor import Cursor
 from txmq.files import sync_dir, write_json
@@ -75,7 +72,6 @@ from txmq.errors import (BrokerClosedError, DataLossError, NotAcknowledgeableErr
                          SubscriptionTypeError, TransactionConflictError)
 from txmq.message import MessageId
 from txmq.storage.delivery import ISOLATIONS, READ_COMMITTED, TRANSACTIONAL, read_limit
-from txmq.transactions.records import TxnID
 
 log = logging.getLogger("txmq.subscription")
 
@@ -105,70 +101,7 @@ def config_problem(config: dict) -> str | None:
     return None
 
 
-class _Lane:
-    """Dispatch state of one subscription on one partition."""
-
-    __slots__ = ("partition", "cursor", "read_offset", "seg", "pos", "buffer", "buf_i", "outstanding",
-                 "ranges", "redeliver", "redelivery_count", "deadlines", "pending", "pending_log",
-                 "unsynced_commits", "debug_changes", "debug_next", "lost_seen", "parked", "released",
-                 "read_committed")
-
-    def __init__(self, partition, cursor: Cursor, pending, pending_log, read_committed: bool):
-        self.partition = partition
-        self.cursor = cursor
-        self.read_committed = read_committed   # (what lane_invariant checks against)
-        self.redelivery_count: dict[int, int] = {}
-        self.pending = pending             # PendingAckTable and pending-<p>.log: see pending_acks
-        self.pending_log = pending_log
-        self.unsynced_commits: list = []   # committed txns whose COMMIT frame waits for a cursor sync
-        self.debug_changes = self.debug_next = 0   # lane_invariant's pacing under TXMQ_DEBUG
-        self.lost_seen: set = set()        # lost (quarantined) runs already logged
-        self.rewind(cursor.mark_delete)
-
-    def settled(self, offset: int) -> bool:
-        """Acknowledged, or pending in an open transaction: not deliverable."""
-        return self.cursor.is_acked(offset) or (len(self.pending) and self.pending.is_pending(offset))
-
-    def rewind(self, offset: int) -> None:
-        self.read_offset = max(offset, self.partition.start_offset)
-        self.seg = None
-        self.pos = -1
-        self.buffer: list = []                     # decoded Messages of one batch ...
-        self.buf_i = 0                             # ... from this index on not yet dispatched
-        self.outstanding: dict[int, int] = {}      # offset -> consumer id
-        self.ranges: list = []                     # [start, end, consumer id] of batch deliveries
-        self.redeliver: list = []                  # heap of (ready time, offset)
-        self.deadlines: deque = deque()            # (deadline, offsets | None, start, end, consumer id)
-        self.parked: dict = {}                     # (hi, lo) of an open transaction -> [[start, end], ...]
-        self.released: list = []                   # heap of (start, end): a committed one's parked spans
-
-    def waiting_spans(self) -> list:
-        """Sorted ``[(start, end)]`` of what out-of-order delivery parked
-        or released: offsets that go out from there, not from the
-        redelivery queue."""
-        spans = [(a, b) for ranges in self.parked.values() for a, b in ranges]
-        spans += self.released
-        spans.sort()
-        return spans
-
-    def locate(self) -> bool:
-        """Point (seg, pos) at the batch holding ``read_offset``."""
-        if self.read_offset < self.partition.start_offset:
-            self.read_offset = self.partition.start_offset
-        self.seg, self.pos = self.partition.segment_for(self.read_offset)
-        return self.seg is not None
-
-    def outstanding_count(self) -> int:
-        n = len(self.outstanding)
-        md = self.cursor.mark_delete
-        for start, end, _ in self.ranges:
-            if end > md:
-                start = max(start, md)
-                n += end - start - self.cursor.acked.count_in(start, end)
-        return n
-
-
-class Subscription:
+class Subscription(OutOfOrderDelivery, ArrowDelivery):
     """Durable subscription state plus its live consumers. Thread-safe.
 
     ``allow_out_of_order_delivery`` (shared and read_committed only; the
@@ -564,249 +497,6 @@ class Subscription:
                 return True
         return False
 
-    # -- out-of-order delivery: batches of open transactions wait in the lane -----
-
-    def _park(self, lane: _Lane, info) -> None:
-        """The batch ``info`` of a transaction still open is read past: its
-        offsets from ``read_offset`` on wait in ``lane.parked`` until the
-        transaction ends (lock held)."""
-        key = (info.txn_hi, info.txn_lo)
-        start = max(lane.read_offset, info.base_offset)
-        spans = lane.parked.get(key)
-        if spans is None:
-            lane.parked[key] = [[start, info.next_offset]]
-        elif spans[-1][1] == start:          # its batches back to back: one span
-            spans[-1][1] = info.next_offset
-        else:
-            spans.append([start, info.next_offset])
-
-    def _on_txn_end(self, partition, hi: int, lo: int, commit: bool) -> None:
-        """The partition's end listener: transaction (hi, lo) ended there.
-        What the lane parked of it is released (commit) or passed over as
-        acknowledged (abort), and waiting consumers are woken."""
-        with self.cond:
-            if self.closed or partition.index >= len(self.lanes):
-                return
-            lane = self.lanes[partition.index]
-            spans = lane.parked.pop((hi, lo), None)
-            if spans is None:
-                return
-            if commit:
-                for start, end in spans:
-                    heapq.heappush(lane.released, (start, end))
-                self.cond.notify_all()
-            else:
-                for start, end in spans:
-                    lane.cursor.skip(start, end)
-            if lane_invariant.DEBUG:
-                lane_invariant.changed(lane)
-
-    def _take_due(self, lane: _Lane, consumer, n: int, now: float, out: list) -> None:
-        """Due redeliveries and released spans of ``lane``, lower offsets
-        first (lock held)."""
-        while len(out) < n:
-            redo = lane.redeliver and lane.redeliver[0][0] <= now
-            if not lane.released:
-                if redo:
-                    self._take_redeliveries(lane, consumer, n, now, out)
-                return
-            if not redo:
-                self._take_released(lane, consumer, n, now, out)
-                return
-            if lane.redeliver[0][1] <= lane.released[0][0]:
-                self._take_redeliveries(lane, consumer, n, now, out, lane.released[0][0] + 1)
-            else:
-                self._take_released(lane, consumer, n, now, out, lane.redeliver[0][1])
-
-    def _next_released(self, lane: _Lane, most: int, below=None):
-        """Pop the first unsettled run of the released spans, within one
-        batch and at most ``most`` offsets (and below ``below``), putting
-        back what follows it: ``(seg, pos, info, start, end)``, or None
-        when no span is left (lock held). Settled offsets are dropped."""
-        cursor = lane.cursor
-        while lane.released:
-            start, end = lane.released[0]
-            if below is not None and start >= below:
-                return None
-            heapq.heappop(lane.released)
-            start = max(start, cursor.mark_delete, lane.partition.start_offset)
-            if start >= end:
-                continue
-            acked = cursor.acked.next_acked(start) if len(cursor.acked) else None
-            if acked is not None and acked[0] <= start:
-                if acked[1] < end:
-                    heapq.heappush(lane.released, (acked[1], end))
-                continue
-            if len(lane.pending):
-                held = lane.pending.next_pending(start)
-                if held == start:
-                    if start + 1 < end:
-                        heapq.heappush(lane.released, (start + 1, end))
-                    continue
-            else:
-                held = -1
-            seg, pos = lane.partition.segment_for(start)
-            if seg is None:
-                continue
-            try:
-                info = seg.batch_at(pos)
-            except SegmentClosedError:          # retention: found again from the log start
-                heapq.heappush(lane.released, (start, end))
-                continue
-            if info.base_offset > start:       # lost to quarantined bytes: passed over, as a read does
-                if info.base_offset < end:
-                    heapq.heappush(lane.released, (info.base_offset, end))
-                continue
-            stop = min(end, info.next_offset, start + most)
-            if below is not None:
-                stop = min(stop, below)
-            if acked is not None:
-                stop = min(stop, acked[0])
-            if held > 0:
-                stop = min(stop, held)
-            if stop < end:
-                heapq.heappush(lane.released, (stop, end))
-            return seg, pos, info, start, stop
-        return None
-
-    def _take_released(self, lane: _Lane, consumer, n: int, now: float, out: list, below=None) -> None:
-        """Deliver released spans (a committed transaction's batches that
-        were parked) as fresh messages: redelivery count 0, they were never
-        delivered (lock held)."""
-        while len(out) < n:
-            run = self._next_released(lane, n - len(out), below)
-            if run is None:
-                return
-            seg, pos, info, start, stop = run
-            try:
-                msgs = seg.read_messages(pos, start, stop - start, self.topic.name, lane.partition.index,
-                                         MessageId, _txn_id(info))
-            except SegmentClosedError:
-                heapq.heappush(lane.released, (start, stop))
-                continue
-            if not msgs:
-                continue
-            self._deliver(lane, consumer, range(start, msgs[-1].offset + 1), now)
-            out += msgs
-
-    def _released_batch(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
-        """The first unsettled run of the released spans as a RecordBatch
-        over the mapped segment (no copy), or None."""
-        while (run := self._next_released(lane, max_messages)) is not None:
-            seg, pos, info, start, stop = run
-            try:
-                bufs = seg.arrow_buffers(pos)
-            except SegmentClosedError:
-                heapq.heappush(lane.released, (start, stop))
-                continue
-            self._deliver_range(lane, consumer.id, start, stop, now)
-            return _record_batch(pa, self.topic.name, lane.partition.index, info, bufs,
-                                 start - info.base_offset, stop - start)
-        return None
-
-    def _parked_undecided(self, lane: _Lane, md: int) -> int:
-        """Unacknowledged offsets at or above ``md`` that the lane parked
-        for transactions still open or aborted (not told yet): no backlog."""
-        p = lane.partition
-        acked = lane.cursor.acked
-        n = 0
-        for (hi, lo), spans in lane.parked.items():
-            if p.ongoing.contains(hi, lo) or p.aborted.contains(hi, lo):
-                for a, b in spans:
-                    a = max(a, md)
-                    if a < b:
-                        n += b - a - acked.count_in(a, b)
-        return n
-
-    # -- the Arrow fast path ---------------------------------------------------
-
-    def receive_batch(self, consumer, max_messages: int, timeout: float | None):
-        """A run of fresh messages of one batch as a pyarrow.RecordBatch whose
-        key and value columns are views of the mapped segment."""
-        import pyarrow as pa
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self.cond:
-            while True:
-                self._check_receiving(consumer)
-                now = time.monotonic()
-                lanes = self._lanes_for(consumer)
-                for i in range(len(lanes)):
-                    lane = lanes[(consumer.rr + i) % len(lanes)]
-                    self._expire(lane, now)
-                    batch = None
-                    if lane.released and not (lane.redeliver and lane.redeliver[0][0] <= now
-                                              and lane.redeliver[0][1] < lane.released[0][0]):
-                        batch = self._released_batch(lane, consumer, max_messages, now, pa)
-                    if batch is None:
-                        batch = self._redelivered_batch(lane, consumer, max_messages, now, pa)
-                    if batch is None:
-                        batch = self._take_arrow(lane, consumer, max_messages, now, pa)
-                    if lane_invariant.DEBUG:
-                        lane_invariant.changed(lane)
-                    if batch is not None:
-                        consumer.rr += i + 1
-                        return batch
-                if deadline is not None and deadline <= now:
-                    return None
-                wait = self._next_due(consumer, now)
-                if deadline is not None:
-                    wait = deadline - now if wait is None else min(wait, deadline - now)
-                self.cond.wait(wait)
-
-    def _redelivered_batch(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
-        """Due redeliveries of one partition as a RecordBatch (copied: they
-        are scattered over the log)."""
-        if not lane.redeliver or lane.redeliver[0][0] > now:
-            return None
-        msgs: list = []
-        self._take_redeliveries(lane, consumer, max_messages, now, msgs)
-        if not msgs:
-            return None
-        return pa.RecordBatch.from_arrays(
-            [pa.array([m.key for m in msgs], pa.binary()), pa.array([m.value for m in msgs], pa.binary()),
-             pa.array([m.offset for m in msgs], pa.int64()),
-             pa.array([m.event_time for m in msgs], pa.timestamp("ms")),
-             pa.array([m.publish_time for m in msgs], pa.timestamp("ms"))],
-            schema=_batch_schema(pa, self.topic.name, lane.partition.index))
-
-    def _take_arrow(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
-        if lane.buf_i < len(lane.buffer):
-            # Hand the buffered run back to the log.
-            lane.read_offset = lane.buffer[lane.buf_i].offset
-            lane.buffer = []
-            lane.buf_i = 0
-            lane.seg = None
-        limit = self.limit(lane)
-        while (info := self._current_batch(lane, limit, consumer.fail_on_data_loss)) is not None:
-            start = max(lane.read_offset, info.base_offset)
-            if start < lane.cursor.mark_delete:     # acknowledged ahead of delivery
-                lane.read_offset = lane.cursor.mark_delete
-                continue
-            acked = lane.cursor.acked.next_acked(start)
-            if acked is not None and acked[0] <= start:
-                lane.read_offset = acked[1]
-                continue
-            end = min(info.next_offset, limit, start + max_messages)
-            if acked is not None:
-                end = min(end, acked[0])
-            if len(lane.pending):
-                held = lane.pending.next_pending(start)
-                if held == start:
-                    lane.read_offset = start + 1
-                    continue
-                if held > 0:
-                    end = min(end, held)
-            try:
-                bufs = lane.seg.arrow_buffers(lane.pos)
-            except SegmentClosedError:
-                lane.seg = None
-                continue
-            lane.read_offset = end
-            self._deliver_range(lane, consumer.id, start, end, now)
-            return _record_batch(pa, self.topic.name, lane.partition.index, info, bufs,
-                                 start - info.base_offset, end - start)
-        return None
-
     # -- acknowledging ---------------------------------------------------------
 
     def _lane_of(self, message_id) -> _Lane:
@@ -1076,70 +766,3 @@ class Subscription:
                 self.pending_acks.sync_commits(lane)
                 lane.cursor.close()
                 lane.pending_log.close()
-
-
-def _changed(lanes) -> None:
-    """lane_invariant.changed() of each lane (TXMQ_DEBUG)."""
-    for lane in lanes:
-        lane_invariant.changed(lane)
-
-
-def _touches(lane: _Lane, first: int, last: int) -> bool:
-    """Whether an acknowledged or pending offset lies in [first, last]."""
-    if len(lane.cursor.acked):
-        nxt = lane.cursor.acked.next_acked(first)
-        if nxt is not None and nxt[0] <= last:
-            return True
-    if len(lane.pending):
-        held = lane.pending.next_pending(first)
-        if 0 <= held <= last:
-            return True
-    return False
-
-
-def _txn_id(info):
-    """The TxnID of a batch header, or None outside transactions."""
-    if info.flags & TRANSACTIONAL:
-        return TxnID.from_words(info.txn_hi, info.txn_lo)
-    return None
-
-
-def _min(a, b):
-    return b if a is None else min(a, b)
-
-
-def _cut_from_ranges(lane: _Lane, offsets: list) -> bool:
-    """Take sorted ``offsets`` out of the batch deliveries holding them, so
-    each is in one dispatch state only; False when no delivery held any."""
-    out = []
-    cut = False
-    for s, e, cid in lane.ranges:
-        i = bisect.bisect_left(offsets, s)
-        j = bisect.bisect_left(offsets, e)
-        start = s
-        cut = cut or i < j
-        for off in offsets[i:j]:
-            if start < off:
-                out.append([start, off, cid])
-            start = off + 1
-        if start < e:
-            out.append([start, e, cid])
-    lane.ranges = out
-    return cut
-
-
-def _record_batch(pa, topic: str, partition: int, info, bufs, first: int, n: int):
-    keys, values, times = batch_arrays(bufs, info.first_event_time)
-    offsets = np.arange(info.base_offset + first, info.base_offset + first + n, dtype=np.int64)
-    return pa.RecordBatch.from_arrays(
-        [keys.slice(first, n), values.slice(first, n), int64_array(pa.int64(), offsets),
-         int64_array(pa.timestamp("ms"), times[first:first + n]),
-         int64_array(pa.timestamp("ms"), np.full(n, info.publish_time, np.int64))],
-        schema=_batch_schema(pa, topic, partition))
-
-
-@functools.lru_cache(maxsize=4096)
-def _batch_schema(pa, topic: str, partition: int):
-    return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
-                      ("event_time", pa.timestamp("ms")), ("publish_time", pa.timestamp("ms"))],
-                     metadata={"topic": topic, "partition": str(partition)})
