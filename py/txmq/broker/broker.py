@@ -37,10 +37,8 @@ import time
 
 from txmq.client.consumer import Consumer
 from txmq._crc32c import crc32c_of
-from txmq._txnlog import COMMITTED, COMMITTING, OPEN, PREPARED
-from txmq.transactions import decision
 from txmq.transactions.coordinator import TransactionCoordinator
-from txmq.errors import (BrokerClosedError, CorruptLogError, DataDirError, DataDirLockedError, InvalidArgumentError,
+from txmq.errors import (BrokerClosedError, DataDirError, InvalidArgumentError,
                          InvalidTxnStateError, InvalidTxnTimeoutError, IsolationLevelMismatchError,
                          OutOfOrderDeliveryError, PartitionNotFoundError,
                          SubscriptionBusyError,
@@ -52,7 +50,7 @@ from txmq.transactions.producer_ids import ProducerRegistry
 from txmq.scheduler import MIN_INTERVAL, Scheduler
 from txmq import crashpoints
 from txmq.storage import datadir
-from txmq.files import read_json, sync_dir
+from txmq.files import sync_dir
 from txmq.client.half_producer import HalfProducer
 from txmq.storage.half_messages import HalfStore
 from txmq.broker.control_socket import ControlServer
@@ -62,12 +60,14 @@ from txmq.options import (INT32_MAX, TIMEOUT_MAX_SECONDS, choice_option, flag_op
                           open_files_option, partitions_option, retention_options, seconds_option)
 from txmq.storage.log import segment_budget
 from txmq.storage.delivery import ISOLATIONS
-from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription, config_problem
+from txmq.dispatch.subscription import POSITIONS, TYPES, Subscription
 from txmq.storage.topic import Topic, check_subscription_name, check_topic_name
 from txmq.client.transaction import Transaction
 from txmq.client.accumulator import SendBatching
 from txmq.client.transactional_producer import TransactionalProducer
-from txmq.transactions.records import TxnID, TxnState
+from txmq.broker.prepared import PreparedTransactions
+from txmq.broker.recovery import Recovery
+from txmq.transactions.records import TxnID, TxnState, txn_info
 
 log = logging.getLogger("txmq.broker")
 
@@ -80,7 +80,7 @@ EPOCH_MAX = 32767                 # int16: past it a transactional id gets a new
 RESERVED_PREFIX = "__txmq."       # producer names txmq keeps for itself
 
 
-class Broker:
+class Broker(Recovery, PreparedTransactions):
     """An embedded broker on a data directory.
 
     ``fsync``: ``"commit"`` (default) makes cursor and transaction state
@@ -244,175 +244,6 @@ class Broker:
             except BaseException:
                 self.close()
                 raise
-
-    # -- opening -------------------------------------------------------------
-
-    def _recover(self) -> None:
-        names, problems = datadir.clean_topics(self.path, self.fsync != "never")
-        for name in names:
-            tdir = os.path.join(self.path, "topics", name)
-            topic = Topic(tdir, name, Topic.load_config(tdir), self._partition_options, self._partition_opened)
-            self._topics[name] = topic
-            sdir = os.path.join(self.path, "subscriptions", name)
-            subs, sub_problems = datadir.clean_subscriptions(sdir)
-            problems += sub_problems
-            for sub in subs:
-                meta = _subscription_config(os.path.join(sdir, sub, datadir.SUBSCRIPTION_CONFIG))
-                topic.subscriptions[sub] = Subscription(
-                    self, topic, sub, os.path.join(sdir, sub), type=meta["type"],
-                    isolation=meta["isolation"], initial_position=meta["initial_position"],
-                    ack_timeout=None, nack_delay=1.0,
-                    allow_out_of_order_delivery=meta.get("allow_out_of_order_delivery", False),
-                    created_ms=meta.get("created_ms"))
-        for problem in problems:
-            log.warning("txmq: %s", problem)
-        self.problems_on_open += problems
-
-    def _recover_transactions(self) -> None:
-        """Open the coordinators and end every unfinished transaction."""
-        cdir = os.path.join(self.path, "coordinator")
-        os.makedirs(cdir, exist_ok=True)
-        existing = [int(n[3:-4]) for n in os.listdir(cdir)
-                    if n.startswith("tc-") and n.endswith(".log") and n[3:-4].isdigit()]
-        count = max([self.num_coordinators] + [i + 1 for i in existing])
-        self._coordinators = [TransactionCoordinator(self, i, os.path.join(cdir, f"tc-{i}.log"), self.fsync,
-                                                     self.prepared_timeout)
-                              for i in range(count)]
-        logged = {}                                # (hi, lo) -> entry, every coordinator
-        records = {}                               # (hi, lo) -> decision record
-        for tc in self._coordinators:
-            own = {}                               # (a snapshot frame clears what it is given)
-            txns = tc.replay(own)
-            records.update(own)
-            for words, entry in txns.items():
-                if entry[0] == OPEN:               # undecided: abort it
-                    tc.record_decision(words, False)
-            logged.update(txns)
-
-        def commits(words) -> bool:
-            entry = logged.get(words)              # unknown to its coordinator: abort
-            return entry is not None and entry[0] in (COMMITTING, COMMITTED)
-
-        # Partitions open lazily: those that may hold a logged transaction's
-        # data or marker (its participants, as logged before its first
-        # append there) are opened now, with those the subscriptions
-        # opened; any other partition a crash left a transaction in learns
-        # its fate when it opens (_partition_opened).
-        for entry in logged.values():
-            for topic, index in entry[3] or ():
-                t = self._topics.get(topic)
-                if t is not None and index < len(t.partitions):
-                    t.open_partition(index)
-        # A prepared transaction stays as it was: its outputs and acks held.
-        prepared = {w: e for w, e in logged.items() if e[0] == PREPARED}
-        self._repair({w: r for w, r in records.items() if commits(w)},
-                     {w: records[w] for w in prepared if w in records})
-        partitions = [p for t in self._topics.values() for p in t.opened()]
-        subs = [s for t in self._topics.values() for s in t.subscriptions.values()]
-        ended = self.recovered_transactions
-        outcomes = {}
-        for p in partitions:
-            for hi, lo, _, _ in p.aborted.entries():
-                self._saw(TxnID.from_words(hi, lo))
-        held = [(p, TxnID.from_words(hi, lo)) for p in partitions for hi, lo, _, _ in p.ongoing.entries()]
-        held += [(s.pending_acks, txn_id) for s in subs for txn_id in s.pending_acks.pending_txns()]
-        held = [(x, txn_id) for x, txn_id in held if txn_id.words not in prepared]
-        for participant, txn_id in held:
-            self._saw(txn_id)
-            commit = outcomes[txn_id] = commits(txn_id.words)
-            participant.end_txn(txn_id, commit)
-        for words, entry in prepared.items():
-            self._restore_prepared(words, entry, records.get(words))
-        for commit in outcomes.values():
-            ended["committed" if commit else "aborted"] += 1
-        # Durable outcomes (markers, cursor frames) before the logs forget them.
-        for participant in {id(x): x for x, _ in held}.values():
-            participant.flush()
-        for tc in self._coordinators:
-            tc.finish_recovery()
-        if self.fsync != "never":
-            sync_dir(cdir)
-
-    def _repair(self, records: dict, prepared: dict) -> None:
-        """Check the partitions and subscriptions against the decision
-        records of committed and of prepared transactions ({words:
-        record}) and put back what a power loss took from them: batches
-        from their copies, acks from their ranges (txmq.transactions.decision)
-        — into the cursors for a commit, held again as pending acks for a
-        prepared transaction."""
-        batches, acks = {}, []
-        for held, found_in in ((False, records), (True, prepared)):
-            for words, raw in found_in.items():
-                txn_id = TxnID.from_words(*words)
-                found = decision.decode(raw, self._coordinators[txn_id.coordinator].log.path)
-                for key, refs in found.partitions.items():
-                    batches.setdefault(key, []).extend(tuple(b) for b in refs)
-                acks += [(txn_id if held else None, a) for a in found.acks]
-        problems = []
-        for (topic, index), refs in batches.items():
-            t = self._topics.get(topic)
-            if t is not None and index < len(t.partitions):
-                problems += t.open_partition(index).repair(refs)
-        for txn_id, a in acks:
-            t = self._topics.get(a.topic)
-            sub = None if t is None else t.subscriptions.get(a.subscription)
-            if sub is None:
-                continue
-            if txn_id is None:
-                sub.pending_acks.redo_commit(a.partition, a.cumulative, a.ranges)
-            else:
-                sub.pending_acks.redo_prepare(txn_id, a.partition, a.cumulative, a.ranges)
-        for problem in problems:
-            log.warning("txmq: %s", problem)
-        self.problems_on_open += problems
-
-    def _restore_prepared(self, words: tuple, entry: list, record) -> None:
-        """Recovery: a transaction its coordinator log holds PREPARED is
-        live again, held by its participants that still exist."""
-        txn_id = TxnID.from_words(*words)
-        self._saw(txn_id)
-        participants = []
-        for topic, index in entry[3] or ():
-            t = self._topics.get(topic)
-            if t is not None and index < len(t.partitions):
-                participants.append(t.open_partition(index))
-        for topic, name in entry[4] or ():
-            t = self._topics.get(topic)
-            sub = None if t is None else t.subscriptions.get(name)
-            if sub is not None:
-                participants.append(sub.pending_acks)
-        self._coordinators[txn_id.coordinator].restore_prepared(words, entry, record, participants)
-
-    def _partition_opened(self, p) -> None:
-        """A partition opened after recovery (on first use): a transaction
-        its files hold open is unknown to every coordinator (recovery ended
-        those they log, in their participants), so it is aborted, as
-        recovery aborts one; its transaction and producer ids are never
-        handed out again."""
-        if self._recovering:
-            return
-        for hi, lo, _, _ in p.aborted.entries():
-            self._saw(TxnID.from_words(hi, lo))
-        held = [TxnID.from_words(hi, lo) for hi, lo, _, _ in p.ongoing.entries()]
-        held = [txn_id for txn_id in held if not self._is_prepared(txn_id)]
-        for txn_id in held:
-            self._saw(txn_id)
-            p.end_txn(txn_id, False)
-            self.recovered_transactions["aborted"] += 1
-        if held:
-            p.flush()
-        if self._producer_ids is not None:
-            self._producer_ids.reserve_above(p.producers.max_producer_id())
-
-    def _is_prepared(self, txn_id: TxnID) -> bool:
-        """Whether ``txn_id`` is a live PREPARED transaction."""
-        tc = self._coordinators[txn_id.coordinator] if txn_id.coordinator < len(self._coordinators) else None
-        meta = None if tc is None else tc.txns.get(txn_id)
-        return meta is not None and meta.state is TxnState.PREPARED
-
-    def _saw(self, txn_id: TxnID) -> None:
-        if txn_id.coordinator < len(self._coordinators):
-            self._coordinators[txn_id.coordinator].saw(txn_id.sequence)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -806,14 +637,14 @@ class Broker:
         participants. Ended transactions are forgotten."""
         self._check_open()
         metas = [m for tc in self._coordinators for m in list(tc.txns.values())]
-        return [_txn_info(m) for m in sorted(metas, key=lambda m: m.id)]
+        return [txn_info(m) for m in sorted(metas, key=lambda m: m.id)]
 
     def transaction_info(self, txn_id) -> dict:
         """One live transaction (see :meth:`transactions`); ``txn_id`` is a
         TxnID, a (coordinator, sequence) pair or ``"(tc,seq)"``. Raises
         :class:`TransactionNotFoundError` when it is not live."""
         self._check_open()
-        return _txn_info(self._meta(txn_id))
+        return txn_info(self._meta(txn_id))
 
     def abort_transaction(self, txn_id) -> None:
         """Force-abort a live transaction (an operator's tool for one that
@@ -826,95 +657,6 @@ class Broker:
             raise InvalidTxnStateError(meta.id, meta.state.value, "force-abort (abort_prepared ends a prepared "
                                                                   "transaction)")
         self._coordinator_of(meta).end(meta, False, reason="forced")
-
-    # -- prepared transactions -------------------------------------------------------------
-
-    def prepared_transactions(self) -> list:
-        """Every PREPARED transaction (:meth:`Transaction.prepare`), oldest
-        first, as dicts: ``id``, ``xid``, ``prepared_ms`` (epoch) and
-        ``age_s`` (seconds since it was prepared), ``partitions``,
-        ``subscriptions``, and ``holds_back``: the partitions whose
-        read_committed readers it holds back (it is the oldest open
-        transaction there)."""
-        self._check_open()
-        metas = [m for tc in self._coordinators for m in list(tc.txns.values())
-                 if m.state is TxnState.PREPARED and m.prepared_ms is not None]
-        now = time.time_ns() // 1_000_000
-        out = []
-        for m in sorted(metas, key=lambda m: (m.prepared_ms, m.id)):
-            info = _txn_info(m)
-            info["age_s"] = round(max(0, now - m.prepared_ms) / 1000.0, 3)
-            info["holds_back"] = sorted(f"{t}/{i}" for (t, i), p in m.partitions.items()
-                                        if (p.blocked_by() or (None,))[0] == m.id)
-            out.append(info)
-        return out
-
-    def _prepared(self, txn_id, commit: bool):
-        """The live meta of prepared ``txn_id`` to commit or abort, or None
-        when it has already ended that way (its outcome kept)."""
-        self._check_open()
-        txn_id = TxnID.parse(txn_id)
-        tc = self._coordinators[txn_id.coordinator] if txn_id.coordinator < len(self._coordinators) else None
-        meta = None if tc is None else tc.txns.get(txn_id)
-        if meta is not None and meta.state is TxnState.PREPARED and meta.prepared_ms is not None:
-            return meta
-        outcome = None if tc is None else tc.prepared_outcome(txn_id)
-        if outcome is (TxnState.COMMITTED if commit else TxnState.ABORTED):
-            return None
-        doing = "commit_prepared" if commit else "abort_prepared"
-        if meta is not None:
-            raise InvalidTxnStateError(txn_id, meta.state.value, doing)
-        if outcome is not None:
-            raise InvalidTxnStateError(txn_id, outcome.value, doing)
-        raise TransactionNotFoundError(txn_id)
-
-    def commit_prepared(self, txn_id) -> None:
-        """Commit the PREPARED transaction ``txn_id`` (a TxnID, a
-        (coordinator, sequence) pair or ``"(tc,seq)"``), from any process
-        that owns the directory: its messages become visible and its acks
-        apply, as :meth:`Transaction.commit`; on return the commit is
-        durable. Committing one that already committed does nothing;
-        :class:`InvalidTxnStateError` if it aborted or is not prepared,
-        :class:`TransactionNotFoundError` if it is not known."""
-        meta = self._prepared(txn_id, True)
-        if meta is not None:
-            self._coordinator_of(meta).end(meta, True)
-
-    def abort_prepared(self, txn_id) -> None:
-        """Abort the PREPARED transaction ``txn_id``: its messages are
-        dropped and its acked messages delivered again; on return the abort
-        is durable. Aborting one that already aborted does nothing;
-        :class:`InvalidTxnStateError` if it committed or is not prepared,
-        :class:`TransactionNotFoundError` if it is not known."""
-        meta = self._prepared(txn_id, False)
-        if meta is not None:
-            self._coordinator_of(meta).end(meta, False)
-
-    def prepared_outcome(self, txn_id):
-        """``TxnState.PREPARED`` while ``txn_id`` is prepared, then
-        ``COMMITTED`` or ``ABORTED`` once decided (durable: applied at once,
-        or by recovery) until :meth:`forget_prepared`; None for a
-        transaction that was never prepared, or whose outcome was
-        forgotten. Another party's recovery asks this
-        (:mod:`txmq.twophase`)."""
-        self._check_open()
-        txn_id = TxnID.parse(txn_id)
-        if txn_id.coordinator >= len(self._coordinators):
-            return None
-        return self._coordinators[txn_id.coordinator].prepared_outcome(txn_id)
-
-    def forget_prepared(self, txn_id) -> bool:
-        """Stop keeping the outcome of the ended prepared transaction
-        ``txn_id``; False when none is kept (a crash right after may keep
-        it until it is forgotten again).
-        :class:`InvalidTxnStateError` while it is still prepared. Outcomes
-        nobody forgets are dropped oldest first past 10,000 per
-        coordinator."""
-        self._check_open()
-        txn_id = TxnID.parse(txn_id)
-        if txn_id.coordinator >= len(self._coordinators):
-            return False
-        return self._coordinators[txn_id.coordinator].forget_prepared(txn_id)
 
     def _expire_transactions(self) -> None:
         for tc in self._coordinators[:self.num_coordinators]:
@@ -1126,16 +868,6 @@ def _check_out_of_order(subscription: str, type: str, isolation: str) -> None:
                                       None, isolation)
 
 
-def _subscription_config(path: str) -> dict:
-    """A subscription's ``subscription.json``; CorruptLogError (path,
-    byte) when it is not one: its isolation level cannot be guessed."""
-    meta = read_json(path)
-    problem = config_problem(meta)
-    if problem is not None:
-        raise CorruptLogError(path, 0, problem)
-    return meta
-
-
 def _name_bytes(what: str, name) -> bytes:
     """The UTF-8 bytes of a producer name or transactional id (stored as a
     u16-length string)."""
@@ -1147,18 +879,3 @@ def _name_bytes(what: str, name) -> bytes:
         raise InvalidArgumentError(what, name, "a non-empty str of at most 65535 UTF-8 bytes")
     return raw
 
-
-def _txn_info(meta) -> dict:
-    info = {
-        "id": str(meta.id),
-        "state": meta.state.value,
-        "age_s": round(time.monotonic() - (meta.deadline - meta.timeout), 3),
-        "timeout_s": meta.timeout,
-        "started_ms": meta.start_ms,
-        "partitions": sorted(f"{t}/{p}" for t, p in meta.partitions),
-        "subscriptions": sorted(f"{t}/{s}" for t, s in meta.subscriptions),
-    }
-    if meta.prepared_ms is not None:
-        info["xid"] = meta.xid
-        info["prepared_ms"] = meta.prepared_ms
-    return info

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import re
 import threading
+import time
 from typing import NamedTuple
 
 from txmq._txn import txn_parts, txn_words
@@ -118,3 +119,21 @@ class TxnMeta:
 
     def __repr__(self) -> str:
         return f"TxnMeta({self.id}, {self.state.value})"
+
+
+def txn_info(meta) -> dict:
+    """What ``Broker.transactions()`` and ``transaction_info`` show of a
+    live transaction."""
+    info = {
+        "id": str(meta.id),
+        "state": meta.state.value,
+        "age_s": round(time.monotonic() - (meta.deadline - meta.timeout), 3),
+        "timeout_s": meta.timeout,
+        "started_ms": meta.start_ms,
+        "partitions": sorted(f"{t}/{p}" for t, p in meta.partitions),
+        "subscriptions": sorted(f"{t}/{s}" for t, s in meta.subscriptions),
+    }
+    if meta.prepared_ms is not None:
+        info["xid"] = meta.xid
+        info["prepared_ms"] = meta.prepared_ms
+    return info
