@@ -46,7 +46,7 @@ import pyarrow.flight as flight
 from txmq.errors import (BrokerClosedError, DataLossError, InvalidArgumentError, PartitionNotFoundError,
                          TopicNotFoundError, TxmqError)
 from txmq.flight import wire
-from txmq.requester import read_only_directory, staged_ingest
+from txmq.requester import arrow_scan, read_only_directory, staged_ingest
 from txmq.requester.read_plan import (ReadOptions, current_offsets, initial_offsets, parse_read_options, plan,
                                       read_split)
 from txmq.storage.staging import topic_partitions
@@ -202,13 +202,13 @@ class FlightService(flight.FlightServerBase):
             opts = self._command_read(descriptor)
             endpoints = [flight.FlightEndpoint(wire.Ticket.of(s, opts).encode(), [])
                          for s in plan(opts, self._dir)]
-            return flight.FlightInfo(read_only_directory.arrow_schema(opts.include_headers, "us"), descriptor, endpoints,
+            return flight.FlightInfo(arrow_scan.arrow_schema(opts.include_headers, "us"), descriptor, endpoints,
                                      -1, -1)
 
     def get_schema(self, context, descriptor):
         with _answering():
             opts = self._command_read(descriptor)
-            return flight.SchemaResult(read_only_directory.arrow_schema(opts.include_headers, "us"))
+            return flight.SchemaResult(arrow_scan.arrow_schema(opts.include_headers, "us"))
 
     def _command_read(self, descriptor) -> ReadOptions:
         if descriptor.descriptor_type != flight.DescriptorType.CMD:
@@ -224,7 +224,7 @@ class FlightService(flight.FlightServerBase):
             if t.isolation not in ("read_committed", "read_uncommitted"):
                 raise InvalidArgumentError("ticket.isolation", t.isolation, "read_committed | read_uncommitted")
             batches = read_split(opts, t, self._dir)      # checks the range before the first batch
-            return flight.GeneratorStream(read_only_directory.arrow_schema(t.include_headers, "us"), self._stream(batches))
+            return flight.GeneratorStream(arrow_scan.arrow_schema(t.include_headers, "us"), self._stream(batches))
 
     def _stream(self, batches):
         with _answering():
