@@ -360,6 +360,15 @@ def all_received(list messages):
     return True
 
 
+def received_or(messages, fallback):
+    """``messages`` itself when it is a list of received Messages (the ack
+    path reads their ids in compiled code), else ``fallback(messages)``:
+    an ack's argument, with no Python call in the common case."""
+    if type(messages) is list and all_received(<list>messages):
+        return messages
+    return fallback(messages)
+
+
 def group_offsets(list message_ids):
     """``{(topic, partition): offsets}`` of a list of ``(topic, partition,
     offset)`` ids or received Messages, in input order: the ack path's

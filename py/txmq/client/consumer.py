@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import datetime
 
-from txmq.errors import BrokerClosedError, InvalidArgumentError, SubscriptionTypeError
+from txmq.errors import BrokerClosedError, InvalidArgumentError
 from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
 from txmq._accumulator import PendingMessageId
-from txmq._ackset import all_received
+from txmq._ackset import received_or
 from txmq.client.transaction import Transaction, meta_of
 
 
@@ -131,28 +131,21 @@ class Consumer:
             partition = int(md[b"partition"])
             offsets = messages.column("offset").to_numpy()
             first, last = int(offsets[0]), int(offsets[-1])
+            # (one run of consecutive offsets: a fresh delivery, acked as a range)
+            dense = last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all()))
             if txn is not None:
-                dense = last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all()))
                 self._sub.pending_acks.ack_range_txn(meta_of(txn, self._broker), partition,
                                                      range(first, last + 1) if dense else sorted(offsets.tolist()))
                 return
-            if last - first + 1 == len(offsets) and (len(offsets) < 2 or bool((offsets[1:] > offsets[:-1]).all())):
+            if dense:
                 self._sub.ack_range(partition, first, last + 1)
             else:  # redelivered messages are scattered
                 self._sub.ack([MessageId(self.topic, partition, int(o)) for o in offsets])
             return
         if txn is not None:
-            meta = meta_of(txn, self._broker)
-            if type(messages) is list and all_received(messages):
-                # (their ids are read in compiled code, as below)
-                self._sub.pending_acks.ack_txn(meta, messages)
-            else:
-                self._sub.pending_acks.ack_txn(meta, _ids(messages))
+            self._sub.pending_acks.ack_txn(meta_of(txn, self._broker), received_or(messages, _ids))
             return
-        if type(messages) is list and all_received(messages):
-            self._sub.ack(messages)     # (their ids are read in compiled code)
-            return
-        self._sub.ack(_ids(messages))
+        self._sub.ack(received_or(messages, _ids))
 
     def ack_cumulative(self, message, txn=None) -> None:
         """Acknowledge ``message`` and everything before it on its partition
