@@ -112,6 +112,31 @@ def test_a_create_that_stopped_before_topic_json_is_removed(tmp_path):
         b.producer("t").send(b"x")
 
 
+@pytest.mark.parametrize("tmp_bytes", [b"", b'{"partitions": 3, "reten', b'{"partitions": 3}'])
+def test_a_create_killed_while_writing_topic_json_is_removed(tmp_path, tmp_bytes):
+    """Killed inside topic.json's atomic write: the folder holds only
+    topic.json.tmp (empty, torn or whole, never renamed). No message can be
+    in it, so opening removes it, and the name can be created again."""
+    d = tmp_path / "d"
+    with txmq.Broker(d, **FAST):
+        pass
+    code = ("import os, txmq; from txmq.storage import topic as t\n"
+            "def killed(path, config):\n"
+            "    with open(os.path.join(path, 'topic.json.tmp'), 'wb') as f: f.write(%r)\n"
+            "    os.kill(os.getpid(), 9)\n"
+            "t.Topic.write_config = staticmethod(killed)\n"
+            "b = txmq.Broker(%r, fsync='commit', control_socket=False); b.create_topic('t', 3)"
+            % (tmp_bytes, str(d)))
+    r = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert r.returncode == -9
+    assert os.listdir(d / "topics" / "t") == ["topic.json.tmp"]
+    with txmq.Broker(d, **FAST) as b:
+        assert b.topics() == [] and b.stats()["problems_on_open"] == []
+        assert not (d / "topics" / "t").exists()
+        b.create_topic("t", 1)
+        b.producer("t").send(b"x")
+
+
 def test_a_delete_killed_after_its_rename_finishes_on_open(tmp_path):
     d = tmp_path / "d"
     fill(d, 10)

@@ -18,7 +18,8 @@ step, and keeps and reports everything else:
   removes it; a leftover of a deleted topic also takes the topic's
   ``subscriptions/<name>/`` with it.
 - a topic folder without ``topic.json`` whose partitions hold no batch (a
-  create writes ``topic.json`` last, before any message can be appended)
+  create writes ``topic.json`` last, before any message can be appended;
+  a ``topic.json.tmp`` there is that write, killed before its rename)
   and a subscription folder without ``subscription.json`` that holds no
   cursor or pending-ack log (a subscribe writes ``subscription.json``
   first).
@@ -271,8 +272,11 @@ def is_unused_topic(tdir: str) -> bool:
     """Whether ``tdir`` is what a topic create leaves before it writes
     ``topic.json``: partition folders of txmq's own files, every segment
     without a batch. Anything else (a user's file, one byte of data) makes
-    it not provably unused."""
+    it not provably unused. ``topic.json.tmp`` is the config a create was
+    killed while writing (it becomes ``topic.json`` by a rename)."""
     for entry in os.listdir(tdir):
+        if entry == TOPIC_CONFIG + ".tmp":
+            continue
         pdir = os.path.join(tdir, entry)
         if not entry.isdigit() or not os.path.isdir(pdir):
             return False
