@@ -376,12 +376,13 @@ def group_offsets(list message_ids):
     are consecutive and ascending (a received run acked whole: no int per
     offset), else a list."""
     cdef dict groups = {}
-    cdef dict runs = {}              # key -> [start, next] while the group is a run
+    cdef dict runs = {}              # key -> (start, next) of a run while another key is current
     cdef list g = None
-    cdef list run = None
+    cdef object key = None
     cdef object last_topic = None, last_partition = None
     cdef Py_ssize_t i
-    cdef int64_t off
+    cdef int64_t off, run_start = 0, run_next = 0
+    cdef bint in_run = False         # the current key's offsets are run_start .. run_next - 1
     cdef Message m
     for i in range(len(message_ids)):
         mid = message_ids[i]
@@ -401,27 +402,36 @@ def group_offsets(list message_ids):
             if not PyLong_CheckExact(offset):
                 raise TypeError(f"offset {offset!r} is not an int")
             off = offset
-        if (g is None and run is None) or topic is not last_topic or (
+        if key is None or topic is not last_topic or (
                 partition is not last_partition and partition != last_partition):
+            if in_run:
+                runs[key] = (run_start, run_next)
             key = (topic, partition)
-            run = runs.get(key)
-            g = groups.get(key)
-            if g is None and run is None:
-                run = [off, off]
-                runs[key] = run
-                groups[key] = None
             last_topic = topic
             last_partition = partition
-        if run is not None:
-            if off == run[1]:
-                run[1] = off + 1
+            if key not in groups:    # a new key: a run of one so far
+                groups[key] = None
+                in_run = True
+                run_start = run_next = off
+                g = None
+            else:
+                saved = runs.pop(key, None)
+                in_run = saved is not None
+                if in_run:
+                    run_start, run_next = saved
+                else:
+                    g = groups[key]
+        if in_run:
+            if off == run_next:
+                run_next = off + 1
                 continue
             # The run breaks: its offsets become a list from here on.
-            g = list(range(run[0], run[1]))
-            groups[(topic, partition)] = g
-            del runs[(topic, partition)]
-            run = None
+            g = list(range(run_start, run_next))
+            groups[key] = g
+            in_run = False
         g.append(offset if offset is not None else off)
+    if in_run:
+        runs[key] = (run_start, run_next)
     for key, run in runs.items():
         groups[key] = range(run[0], run[1])
     return groups
