@@ -39,11 +39,7 @@ def set_debug(bint on):
 
 
 cdef class AckSet:
-    cdef Py_ssize_t debug_changes, debug_next     # changes seen by the debug checks; the next checked
-    cdef object _starts, _ends          # np.int64 arrays (capacity)
-    cdef int64_t *s
-    cdef int64_t *e
-    cdef Py_ssize_t n, cap
+    # (the fields are declared in pyx/txmq/_ackset.pxd, for txmq._txn)
 
     def __cinit__(self):
         self.cap = 16
@@ -77,7 +73,7 @@ cdef class AckSet:
     def __len__(self):
         return self.n
 
-    def contains(self, int64_t offset):
+    cpdef bint contains(self, int64_t offset):
         cdef Py_ssize_t i = self._find(offset)
         return i >= 0 and offset < self.e[i]
 
@@ -88,7 +84,7 @@ cdef class AckSet:
         """Add one offset; True when it was not in the set."""
         return self.add_range(offset, offset + 1) > 0
 
-    def add_range(self, int64_t start, int64_t end):
+    cpdef int64_t add_range(self, int64_t start, int64_t end) except -1:
         """Add [start, end); return how many offsets were new."""
         cdef Py_ssize_t i, j, k
         cdef int64_t new_start, new_end, covered = 0
@@ -350,6 +346,55 @@ def cut_delivery(list ranges, int64_t offset):
                 r[1] = offset
             return True
     return False
+
+
+def ack_received_in(pending_acks, meta, Message m, open_state):
+    """``ack(m, txn=)`` of a received message, compiled: the common case of
+    the pending-ack table's ``ack_one`` (txmq.dispatch.pending_acks), which
+    the README's per-message loop calls 100 times per transaction. True
+    when the ack is recorded (or was already held by ``meta``); False,
+    with nothing changed, for every other case (a message of another
+    topic or partition, an offset past the log end, a transaction not
+    registered with the subscription yet or no longer ``open_state``, a
+    conflict): the caller then takes ``ack_one``, which registers, raises
+    or records as it always does."""
+    cdef int64_t off = m.offset
+    cdef Py_ssize_t index
+    cdef list lanes
+    cdef int r
+    if m._topic is not pending_acks.topic.name and m._topic != pending_acks.topic.name:
+        return False
+    partition = m._partition
+    if type(partition) is not int:
+        return False
+    sub = pending_acks.subscription
+    lanes = sub.lanes
+    index = partition
+    if index < 0 or index >= len(lanes):
+        return False
+    lane = lanes[index]
+    segments = lane.partition._segments
+    if not segments or off < 0 or off >= segments[len(segments) - 1].next_offset:
+        return False
+    if meta.subscriptions.get(pending_acks.key) is not pending_acks:
+        return False
+    lock = sub.lock
+    lock.acquire()
+    try:
+        if meta.state is not open_state:
+            return False
+        cursor = lane.cursor
+        r = lane.pending.add_one(meta.id, off, cursor.mark_delete, cursor.acked)
+        if r < 0:
+            return False
+        if r > 0:            # (Subscription._hold of one offset)
+            if lane.outstanding.pop(off, None) is None:
+                ranges = lane.ranges
+                if ranges:
+                    cut_delivery(ranges, off)
+        return True
+    finally:
+        lock.release()
 
 
 def all_received(list messages):

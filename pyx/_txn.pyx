@@ -30,7 +30,8 @@ import os
 
 import numpy as np
 
-from txmq._ackset import AckSet, add_many
+from txmq._ackset import add_many
+from txmq._ackset cimport AckSet
 
 from _debug cimport check_due
 from _bytes cimport load_i64, load_u64, store_u32, store_i64, store_u64, packed_i64, packed_txn, packed_u32
@@ -515,7 +516,7 @@ cdef class PendingAckTable:
     cdef dict sets           # txn -> AckSet of its individual acks
     cdef dict cumulative     # txn -> offset (everything at or below it)
     cdef dict unlogged       # txn -> [offset, ...] recorded, not yet taken for the log
-    cdef object held         # AckSet of every individual offset held
+    cdef AckSet held         # every individual offset held
     cdef Py_ssize_t n_held   # offsets in ``held``
     cdef object last_txn     # a one-entry cache of sets: the transaction acking now ...
     cdef object last_set     # ... and its AckSet
@@ -570,9 +571,8 @@ cdef class PendingAckTable:
         ``(offset, txn)``, or None: what a plain ack must not touch."""
         cdef int64_t o
         cums = list(self.cumulative.items())
-        contains = self.held.contains
         for o in offsets:
-            if self.n_held and contains(o):
+            if self.n_held and self.held.contains(o):
                 return (o, self.owner_of(o))
             for t, c in cums:
                 if o <= c:
@@ -592,12 +592,11 @@ cdef class PendingAckTable:
         cdef int64_t o
         cdef bint check_acked = len(acked) > 0
         mine = self.sets.get(txn)
-        contains = self.held.contains
         others = [(t, c) for t, c in self.cumulative.items() if t != txn]
         for o in offsets:
             if o < mark_delete or (check_acked and acked.contains(o)):
                 return (o, "already acknowledged", None)
-            if self.n_held and contains(o) and (mine is None or not mine.contains(o)):
+            if self.n_held and self.held.contains(o) and (mine is None or not mine.contains(o)):
                 return (o, "pending in another transaction", self.owner_of(o))
             for t, c in others:
                 if o <= c:
@@ -643,10 +642,14 @@ cdef class PendingAckTable:
             for t, c in self.cumulative.items():
                 if t != txn and offset <= c:
                     return -1
+        cdef AckSet s
         if self.n_held and self.held.contains(offset):
             s = self._set_of(txn, False)
             return 0 if s is not None and s.contains(offset) else -1
-        if acked is not None and len(acked) and acked.contains(offset):
+        if type(acked) is AckSet:          # (a cursor's; C calls)
+            if (<AckSet>acked).n and (<AckSet>acked).contains(offset):
+                return -1
+        elif acked is not None and len(acked) and acked.contains(offset):
             return -1
         s = self._set_of(txn, True)
         s.add_range(offset, offset + 1)
@@ -662,10 +665,9 @@ cdef class PendingAckTable:
         (held by no transaction before)."""
         cdef int64_t o
         new = []
-        contains = self.held.contains
         seen = set()
         for o in offsets:
-            if (self.n_held and contains(o)) or o in seen:
+            if (self.n_held and self.held.contains(o)) or o in seen:
                 continue
             seen.add(o)
             new.append(o)

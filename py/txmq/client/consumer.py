@@ -8,8 +8,10 @@ from txmq.errors import BrokerClosedError, InvalidArgumentError
 from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
 from txmq._accumulator import PendingMessageId
-from txmq._ackset import received_or
+from txmq._ackset import ack_received_in, received_or
 from txmq.client.transaction import Transaction, meta_of
+from txmq.dispatch import lane_invariant
+from txmq.transactions.records import TxnState
 
 
 def _ids(messages) -> list:
@@ -121,7 +123,9 @@ class Consumer:
             meta = txn._meta
             if meta.owner is not None:
                 meta.check_owner()
-            self._sub.pending_acks.ack_one(meta, messages.topic, messages.partition, messages.offset)
+            pending_acks = self._sub.pending_acks
+            if lane_invariant.DEBUG or not ack_received_in(pending_acks, meta, messages, TxnState.OPEN):
+                pending_acks.ack_one(meta, messages.topic, messages.partition, messages.offset)
             return
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
