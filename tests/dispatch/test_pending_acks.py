@@ -39,3 +39,39 @@ def calls_with_held(tmp_path, held: int) -> int:
 def test_receive_and_ack_in_a_transaction_cost_the_same_however_many_it_holds(tmp_path):
     few, many = calls_with_held(tmp_path, 1_000), calls_with_held(tmp_path, 50_000)
     assert few == many, f"{few} calls with 1,000 held, {many} with 50,000"
+
+
+def test_the_compiled_ack_records_only_the_common_case(tmp_path):
+    """``ack_received_in`` (the compiled ``ack(m, txn=)``) records an ack
+    only when the pending-ack table's ``ack_one`` would record it without
+    registering, raising or refusing; for every other case it changes
+    nothing and says False, and ``ack_one`` takes over."""
+    from txmq._ackset import ack_received_in
+    from txmq.transactions.records import TxnState
+    with txmq.Broker(tmp_path / "d", fsync="never") as broker:
+        broker.create_topic("t", 2)
+        broker.create_topic("u")
+        broker.producer("t").send_batch([b"v"] * 10, partition=1)
+        broker.producer("u").send_batch([b"v"] * 10)
+        consumer = broker.subscribe("t", "s", initial_position="earliest")
+        other = broker.subscribe("u", "s", initial_position="earliest").receive_many(10, 1.0)
+        msgs = consumer.receive_many(10, 1.0)
+        pending = consumer._sub.pending_acks
+        lane = consumer._sub.lanes[1]
+        txn, rival = broker.new_transaction(60), broker.new_transaction(60)
+        assert not ack_received_in(pending, txn._meta, msgs[0], TxnState.OPEN)    # not registered yet
+        assert len(lane.pending) == 0
+        consumer.ack(msgs[0], txn=txn)                                            # registers
+        assert ack_received_in(pending, txn._meta, msgs[1], TxnState.OPEN)
+        assert ack_received_in(pending, txn._meta, msgs[1], TxnState.OPEN)        # held already: no change
+        assert not ack_received_in(pending, txn._meta, other[0], TxnState.OPEN)   # another topic
+        consumer.ack(msgs[5], txn=rival)
+        held = len(lane.pending)
+        assert not ack_received_in(pending, txn._meta, msgs[5], TxnState.OPEN)    # the rival holds it
+        assert not ack_received_in(pending, rival._meta, msgs[1], TxnState.OPEN)  # txn holds it
+        assert len(lane.pending) == held == 3
+        txn.commit()
+        assert not ack_received_in(pending, txn._meta, msgs[2], TxnState.OPEN)    # no longer open
+        assert lane.cursor.is_acked(msgs[1].offset) and not lane.cursor.is_acked(msgs[2].offset)
+        rival.abort()
+        assert not lane.cursor.is_acked(msgs[5].offset)

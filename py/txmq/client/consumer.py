@@ -123,9 +123,12 @@ class Consumer:
             meta = txn._meta
             if meta.owner is not None:
                 meta.check_owner()
-            pending_acks = self._sub.pending_acks
-            if lane_invariant.DEBUG or not ack_received_in(pending_acks, meta, messages, TxnState.OPEN):
-                pending_acks.ack_one(meta, messages.topic, messages.partition, messages.offset)
+            sub = self._sub
+            if not ack_received_in(sub.pending_acks, meta, messages, TxnState.OPEN):
+                sub.pending_acks.ack_one(meta, messages.topic, messages.partition, messages.offset)
+            elif lane_invariant.DEBUG:
+                with sub.lock:
+                    lane_invariant.changed(sub.lanes[messages.partition])
             return
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
