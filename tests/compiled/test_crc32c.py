@@ -115,3 +115,29 @@ def test_large_buffer_releases_gil_path_matches():
     one = crc32c_of(data)
     assert one == crc32c_of(data, software=True)
     assert one == crc32c_of(data[100_000:], crc32c_of(data[:100_000]))
+
+
+def test_hardware_equals_software_across_the_three_stream_blocks():
+    """Long inputs are taken three blocks at a time (3 x 8 KiB, then
+    3 x 256 B) and the blocks' CRCs joined: every length around those
+    block sizes, at every alignment, with a running CRC, gives the
+    table-driven result."""
+    rng = random.Random(0x3C)
+    buf = rng.randbytes(4 * 3 * 8192 + 64)
+    lengths = set()
+    for block in (256, 8192):
+        for k in (1, 2, 3):
+            for d in (-9, -8, -1, 0, 1, 7, 8, 9):
+                lengths.add(3 * block * k + d)
+    lengths |= {3 * 8192 + 3 * 256 + 5, 3 * 8192 * 2 + 3 * 256 * 3 + 7 + 8, len(buf) - 64}
+    for n in sorted(lengths):
+        start = rng.randrange(0, 64)
+        view = memoryview(buf)[start:start + n]
+        seed = rng.getrandbits(32)
+        assert crc32c_of(view, seed) == crc32c_of(view, seed, software=True), (start, n)
+        assert crc32c_of(view) == crc32c_of(view, software=True), (start, n)
+
+
+def test_a_long_input_matches_the_bitwise_reference():
+    data = random.Random(11).randbytes(3 * 8192 + 3 * 256 + 13)
+    assert crc32c_of(data) == _bitwise_crc32c(data)
