@@ -184,9 +184,12 @@ static int detect_hw(void) { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
 static int hw_state = -1; /* -1 unknown, 0 software, 1 hardware */
 
 #if defined(__GNUC__) || defined(__clang__)
-/* Detected (and the tables built) when the extension module is loaded, so
- * no two threads ever race to do it. */
-__attribute__((constructor)) static void detect_at_load(void) { (void)txmq_crc32c_hardware(); }
+/* Detected, and every table built, when the extension module is loaded,
+ * so no two threads ever race to do it. */
+__attribute__((constructor)) static void detect_at_load(void) {
+    build_table();
+    (void)txmq_crc32c_hardware();
+}
 #endif
 
 int txmq_crc32c_hardware(void) {

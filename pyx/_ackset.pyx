@@ -369,9 +369,9 @@ def ack_received_in(pending_acks, meta, Message m, open_state):
         return False
     sub = pending_acks.subscription
     lanes = sub.lanes
-    index = partition
-    if index < 0 or index >= len(lanes):
+    if not 0 <= partition < len(lanes):      # (compared as Python ints: any int is refused, none overflows)
         return False
+    index = partition
     lane = lanes[index]
     segments = lane.partition._segments
     if not segments or off < 0 or off >= segments[len(segments) - 1].next_offset:

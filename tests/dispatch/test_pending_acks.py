@@ -5,6 +5,8 @@ grow with the acks that transaction already holds. Counted in Python calls
 gated in bench/ (test_bench_txn.py, "acks in a transaction that holds
 many")."""
 
+import pytest
+
 import txmq
 from txmq.testing.counters import count_calls
 
@@ -46,7 +48,9 @@ def test_the_compiled_ack_records_only_the_common_case(tmp_path):
     only when the pending-ack table's ``ack_one`` would record it without
     registering, raising or refusing; for every other case it changes
     nothing and says False, and ``ack_one`` takes over."""
+    from txmq import errors
     from txmq._ackset import ack_received_in
+    from txmq.message import Message, MessageId
     from txmq.transactions.records import TxnState
     with txmq.Broker(tmp_path / "d", fsync="never") as broker:
         broker.create_topic("t", 2)
@@ -65,6 +69,11 @@ def test_the_compiled_ack_records_only_the_common_case(tmp_path):
         assert ack_received_in(pending, txn._meta, msgs[1], TxnState.OPEN)
         assert ack_received_in(pending, txn._meta, msgs[1], TxnState.OPEN)        # held already: no change
         assert not ack_received_in(pending, txn._meta, other[0], TxnState.OPEN)   # another topic
+        for partition in (2, -1, 2**64, -2**64):                                   # no such partition
+            made = Message(b"v", None, None, MessageId("t", partition, 0), 0, 0)
+            assert not ack_received_in(pending, txn._meta, made, TxnState.OPEN)
+            with pytest.raises(errors.NotAcknowledgeableError):
+                consumer.ack(made, txn=txn)
         consumer.ack(msgs[5], txn=rival)
         held = len(lane.pending)
         assert not ack_received_in(pending, txn._meta, msgs[5], TxnState.OPEN)    # the rival holds it
