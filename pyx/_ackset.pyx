@@ -307,7 +307,8 @@ def add_many(AckSet acks, offsets):
     """Add every offset of a sequence; return how many were new. Sorts and
     merges runs first, so n consecutive offsets cost one range insert."""
     arr = np.ascontiguousarray(offsets, dtype=np.int64)
-    if arr.shape[0] > 1 and not (arr[1:] > arr[:-1]).all():
+    cdef Py_ssize_t size = arr.shape[0]
+    if size > 1 and not (arr[1:] > arr[:size - 1]).all():     # (no negative index: wraparound=False)
         arr = np.unique(arr)
     cdef const int64_t[::1] a = arr
     cdef Py_ssize_t i = 0, j, n = a.shape[0]

@@ -215,3 +215,13 @@ def test_from_bytes_garbage_is_value_error_or_valid(data):
     for a, b in pairs:
         for x in (a, b - 1):
             assert acks.contains(x)
+
+
+def test_add_many_sorts_merges_and_counts_new_offsets():
+    from txmq._ackset import add_many
+    s = AckSet()
+    assert add_many(s, []) == 0 and add_many(s, [7]) == 1
+    assert add_many(s, [5, 3, 4, 3, 10, 7]) == 4              # unsorted, with repeats and one known
+    assert s.ranges() == [(3, 6), (7, 8), (10, 11)]
+    assert add_many(s, list(range(0, 12))) == 7
+    assert s.ranges() == [(0, 12)]
