@@ -349,24 +349,24 @@ def cut_delivery(list ranges, int64_t offset):
     return False
 
 
-def ack_received_in(pending_acks, meta, Message m, open_state):
-    """``ack(m, txn=)`` of a received message, compiled: the common case of
-    the pending-ack table's ``ack_one`` (txmq.dispatch.pending_acks), which
-    the README's per-message loop calls 100 times per transaction. True
-    when the ack is recorded (or was already held by ``meta``); False,
-    with nothing changed, for every other case (a message of another
-    topic or partition, an offset past the log end, a transaction not
+def ack_in(pending_acks, meta, topic, partition, offset, open_state):
+    """Record one individual ack of ``(topic, partition, offset)`` in the
+    transaction ``meta`` on the pending-ack table ``pending_acks``
+    (txmq.dispatch.pending_acks): the one place ``ack(m, txn=)`` records,
+    compiled, since the README's per-message loop calls it 100 times per
+    transaction. True when the ack is recorded (or was already held by
+    ``meta``); False, with nothing changed, in every other case (an id of
+    another topic, no such partition or offset, a transaction not
     registered with the subscription yet or no longer ``open_state``, a
-    conflict): the caller then takes ``ack_one``, which registers, raises
-    or records as it always does."""
-    cdef int64_t off = m.offset
+    conflict): ``PendingAcks.ack_one`` then raises what is wrong, or
+    registers and records."""
+    cdef int64_t off
     cdef Py_ssize_t index
     cdef list lanes
     cdef int r
-    if m._topic is not pending_acks.topic.name and m._topic != pending_acks.topic.name:
+    if topic is not pending_acks.topic.name and topic != pending_acks.topic.name:
         return False
-    partition = m._partition
-    if type(partition) is not int:
+    if type(partition) is not int or type(offset) is not int:
         return False
     sub = pending_acks.subscription
     lanes = sub.lanes
@@ -375,8 +375,9 @@ def ack_received_in(pending_acks, meta, Message m, open_state):
     index = partition
     lane = lanes[index]
     segments = lane.partition._segments
-    if not segments or off < 0 or off >= segments[len(segments) - 1].next_offset:
+    if not segments or not 0 <= offset < segments[len(segments) - 1].next_offset:
         return False
+    off = offset
     if meta.subscriptions.get(pending_acks.key) is not pending_acks:
         return False
     lock = sub.lock

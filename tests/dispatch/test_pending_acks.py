@@ -44,12 +44,12 @@ def test_receive_and_ack_in_a_transaction_cost_the_same_however_many_it_holds(tm
 
 
 def test_the_compiled_ack_records_only_the_common_case(tmp_path):
-    """``ack_received_in`` (the compiled ``ack(m, txn=)``) records an ack
-    only when the pending-ack table's ``ack_one`` would record it without
-    registering, raising or refusing; for every other case it changes
-    nothing and says False, and ``ack_one`` takes over."""
+    """``ack_in`` (the compiled ``ack(m, txn=)``) records an ack only when
+    the pending-ack table's ``ack_one`` need not register, raise or
+    refuse; in every other case it changes nothing and says False, and
+    ``ack_one`` takes over."""
     from txmq import errors
-    from txmq._ackset import ack_received_in
+    from txmq._ackset import ack_in
     from txmq.message import Message, MessageId
     from txmq.transactions.records import TxnState
     with txmq.Broker(tmp_path / "d", fsync="never") as broker:
@@ -61,26 +61,29 @@ def test_the_compiled_ack_records_only_the_common_case(tmp_path):
         other = broker.subscribe("u", "s", initial_position="earliest").receive_many(10, 1.0)
         msgs = consumer.receive_many(10, 1.0)
         pending = consumer._sub.pending_acks
+
+        def recorded(t, m):
+            return ack_in(pending, t._meta, m.topic, m.partition, m.offset, TxnState.OPEN)
         lane = consumer._sub.lanes[1]
         txn, rival = broker.new_transaction(60), broker.new_transaction(60)
-        assert not ack_received_in(pending, txn._meta, msgs[0], TxnState.OPEN)    # not registered yet
+        assert not recorded(txn, msgs[0])    # not registered yet
         assert len(lane.pending) == 0
         consumer.ack(msgs[0], txn=txn)                                            # registers
-        assert ack_received_in(pending, txn._meta, msgs[1], TxnState.OPEN)
-        assert ack_received_in(pending, txn._meta, msgs[1], TxnState.OPEN)        # held already: no change
-        assert not ack_received_in(pending, txn._meta, other[0], TxnState.OPEN)   # another topic
+        assert recorded(txn, msgs[1])
+        assert recorded(txn, msgs[1])        # held already: no change
+        assert not recorded(txn, other[0])   # another topic
         for partition in (2, -1, 2**64, -2**64):                                   # no such partition
             made = Message(b"v", None, None, MessageId("t", partition, 0), 0, 0)
-            assert not ack_received_in(pending, txn._meta, made, TxnState.OPEN)
+            assert not recorded(txn, made)
             with pytest.raises(errors.NotAcknowledgeableError):
                 consumer.ack(made, txn=txn)
         consumer.ack(msgs[5], txn=rival)
         held = len(lane.pending)
-        assert not ack_received_in(pending, txn._meta, msgs[5], TxnState.OPEN)    # the rival holds it
-        assert not ack_received_in(pending, rival._meta, msgs[1], TxnState.OPEN)  # txn holds it
+        assert not recorded(txn, msgs[5])    # the rival holds it
+        assert not recorded(rival, msgs[1])  # txn holds it
         assert len(lane.pending) == held == 3
         txn.commit()
-        assert not ack_received_in(pending, txn._meta, msgs[2], TxnState.OPEN)    # no longer open
+        assert not recorded(txn, msgs[2])    # no longer open
         assert lane.cursor.is_acked(msgs[1].offset) and not lane.cursor.is_acked(msgs[2].offset)
         rival.abort()
         assert not lane.cursor.is_acked(msgs[5].offset)

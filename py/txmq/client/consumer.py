@@ -8,7 +8,7 @@ from txmq.errors import BrokerClosedError, InvalidArgumentError
 from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
 from txmq._accumulator import PendingMessageId
-from txmq._ackset import ack_received_in, received_or
+from txmq._ackset import ack_in, received_or
 from txmq.client.transaction import Transaction, meta_of
 from txmq.dispatch import lane_invariant
 from txmq.transactions.records import TxnState
@@ -123,12 +123,10 @@ class Consumer:
             meta = txn._meta
             if meta.owner is not None:
                 meta.check_owner()
-            sub = self._sub
-            if not ack_received_in(sub.pending_acks, meta, messages, TxnState.OPEN):
-                sub.pending_acks.ack_one(meta, messages.topic, messages.partition, messages.offset)
-            elif lane_invariant.DEBUG:
-                with sub.lock:
-                    lane_invariant.changed(sub.lanes[messages.partition])
+            pending_acks = self._sub.pending_acks
+            topic, partition, offset = messages.topic, messages.partition, messages.offset
+            if lane_invariant.DEBUG or not ack_in(pending_acks, meta, topic, partition, offset, TxnState.OPEN):
+                pending_acks.ack_one(meta, topic, partition, offset)    # (registers, raises; checks the lane)
             return
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):

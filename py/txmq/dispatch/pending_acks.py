@@ -21,7 +21,7 @@ import bisect
 import heapq
 import struct
 
-from txmq._ackset import cut_delivery
+from txmq._ackset import ack_in
 from txmq._redolog import RedoLog
 from txmq._txn import PendingAckTable
 from txmq._txnlog import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, pack_txn, replay_pending
@@ -126,9 +126,10 @@ class PendingAcks:
     def ack_one(self, meta, topic, partition, offset) -> None:
         """:meth:`ack_txn` of one message, given by the fields of its id
         (no id tuple is built): ``ack(m, txn=)``, the README's loop. The
-        pending-ack table checks and records the offset in one compiled
-        call; the log gets it with the rest of the transaction's acks here
-        (:meth:`write_txn`)."""
+        compiled ``ack_in`` records it (the log gets it with the rest of
+        the transaction's acks, :meth:`write_txn`); this raises what is
+        wrong with the id, registers the subscription with the transaction
+        on its first ack here, and raises why ``ack_in`` refused."""
         sub = self.subscription
         lanes = sub.lanes
         if (topic != self.topic.name or type(partition) is not int or not 0 <= partition < len(lanes)
@@ -139,18 +140,15 @@ class PendingAcks:
             sub._lane_of(MessageId(topic, partition, offset))
         if meta.subscriptions.get(self.key) is not self:
             sub.broker._coordinator_of(meta).register_subscription(meta, self)
-        with sub.lock:
-            if meta.state is not TxnState.OPEN:
-                raise meta.not_open("acknowledge")
-            cursor = lane.cursor
-            r = lane.pending.add_one(meta.id, offset, cursor.mark_delete, cursor.acked)
-            if r > 0:        # (Subscription._hold of one offset, inline)
-                if lane.outstanding.pop(offset, None) is None and lane.ranges:
-                    cut_delivery(lane.ranges, offset)
-            elif r < 0:
+        while not ack_in(self, meta, topic, partition, offset, TxnState.OPEN):
+            with sub.lock:          # why it was refused (a conflict may have ended since: try again)
+                if meta.state is not TxnState.OPEN:
+                    raise meta.not_open("acknowledge")
+                cursor = lane.cursor
                 self._refuse_conflict(meta, lane, lane.pending.conflict_individual(
                     meta.id, (offset,), cursor.mark_delete, cursor.acked))
-            if lane_invariant.DEBUG:
+        if lane_invariant.DEBUG:
+            with sub.lock:
                 lane_invariant.changed(lane)
 
     def write_txn(self, txn_id) -> None:
