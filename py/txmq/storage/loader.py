@@ -315,8 +315,10 @@ class LogLoader:
     def adopt_index(self, seg: Segment, size: int, next_offset: int, partial: bool = False) -> bool:
         """Load the on-disk indexes of ``seg`` (:func:`read_index`) when
         they pass; False when they are missing or fail (the caller scans),
-        having reported a damaged one unless ``partial`` (entries below a
-        resume point; the scan rewrites them anyway)."""
+        having reported (writer) a damaged one: the scan rebuilds it, which
+        ``txmq check`` calls repairable. ``partial``: only the entries below
+        a resume point inside the segment are wanted (fewer on disk is not
+        damage: the scan writes the rest)."""
         off, tix, problem = read_index(self.directory, seg, size, next_offset, partial)
         if problem is None:
             seg.load_index(off["a"], off["b"], tix["a"], tix["b"], size, next_offset)
@@ -326,7 +328,7 @@ class LogLoader:
                                     or torn(segment_file(self.directory, seg.base_offset, TIMEINDEX_SUFFIX))):
                     self._rewrite(seg)
             return True
-        if not partial and self.mode == WRITER and (problem != "missing" or size):
+        if self.mode == WRITER and (problem != "missing" or size):
             self._drop(segment_file(self.directory, seg.base_offset, INDEX_SUFFIX), 0,
                        f"{problem}; index rebuilt from its segment")
         return False
