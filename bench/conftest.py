@@ -158,6 +158,13 @@ COMPARISONS.append(Comparison(
     "sqlite", 4, ">=", note="goal >= 4x SQLite WAL synchronous=FULL: four threads, one shared subscription"))
 GROUPS["ctp_commit"].append(COMPARISONS[-1])
 
+# send() of a batching producer: like produce(), it returns with the message
+# queued for a batch (the round ends with a flush).
+COMPARISONS.append(Comparison(
+    "send() 100B, batching producer vs confluent_kafka produce()", "txmq send batching", "kafka produce", 1,
+    ">=", note="goal >= 1x the produce() call rate: both return with the message queued for a batch"))
+GROUPS["send_one"].append(COMPARISONS[-1])
+
 
 def add_comparison(group: str, *comparisons: Comparison) -> None:
     """Register the comparisons a benchmark module's group feeds (called

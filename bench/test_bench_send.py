@@ -156,13 +156,24 @@ def kafka_producer():
     })
 
 
-@pytest.mark.parametrize("side", ["txmq send", "kafka produce"])
+@pytest.mark.parametrize("side", ["txmq send", "txmq send batching", "kafka produce"])
 def test_send_one_100B(side, measure, request):
+    """``txmq send`` is in the log when it returns; ``txmq send batching``
+    (a batching producer, the broker's default linger_ms and batch_bytes)
+    and ``produce()`` return with the message queued for a batch. The
+    batching side's rounds include the appends of the batches they fill
+    and a flush at the end of the round."""
     value = payloads(1, 100)[0]
-    if side == "txmq send":
-        producer = request.getfixturevalue("broker_never").producer("t")
+    if side.startswith("txmq send"):
+        producer = request.getfixturevalue("broker_never").producer("t", batching=side.endswith("batching"))
         send = producer.send
-        run = looped(SENDS_PER_ROUND, send, value)
+        sends = looped(SENDS_PER_ROUND, send, value)
+        if side.endswith("batching"):
+            def run():
+                sends()
+                producer.flush()
+        else:
+            run = sends
     else:
         producer = kafka_producer()
 

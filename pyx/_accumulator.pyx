@@ -38,7 +38,8 @@ MAX_COUNT = 1 << 16
 
 cdef class SendAccumulator:
     """The open batch of one (producer, transaction, partition), and the
-    base offsets of the batches already appended."""
+    base offsets of the batches already appended. ``meta`` None: a batching
+    producer's sends outside transactions."""
     cdef public object partition      # where the batches go
     cdef public object meta           # the transaction (its coordinator record)
     cdef public object producer       # the producer sending (id, epoch, fence)
@@ -161,6 +162,18 @@ cdef class SendAccumulator:
         mid.offset_ = -1
         return mid
 
+    def send(self, value, key, headers, event_time):
+        """:meth:`add` for a send: the open batch is appended first (through
+        ``flush_cb``) when the message does not fit it, and right after when
+        the message filled it. The message's id."""
+        cdef PendingMessageId mid = self.add(value, key, headers, event_time)
+        if mid is None:
+            self.flush_cb(self)
+            mid = self.add(value, key, headers, event_time)
+        if self.nbytes >= self.batch_bytes or self.count >= MAX_COUNT:
+            self.flush_cb(self)
+        return mid
+
     def take(self):
         """The open batch as a BatchSpec (None when empty); the next
         messages start a new one. Call :meth:`flushed` or :meth:`failed`
@@ -210,8 +223,8 @@ cdef class SendAccumulator:
 
 
 cdef class PendingMessageId:
-    """The id of a message sent into a transaction: ``(topic, partition,
-    offset)``, like a MessageId. ``topic`` and ``partition`` are known at
+    """The id of a message sent into a transaction, or by a batching
+    producer: ``(topic, partition, offset)``, like a MessageId. ``topic`` and ``partition`` are known at
     once; reading ``offset`` (or comparing, hashing, unpacking) appends the
     message's batch first if it is still accumulating, and raises what
     that append raised. :meth:`done` says whether it is appended."""

@@ -335,21 +335,31 @@ class Broker(Recovery, PreparedTransactions):
 
     # -- producers and consumers --------------------------------------------------
 
-    def producer(self, topic: str, name: str | None = None) -> Producer:
+    def producer(self, topic: str, name: str | None = None, *, batching: bool = False) -> Producer:
         """A producer for ``topic``. Every producer is idempotent (a fresh
         producer id, sequences per partition). With ``name`` it is a named
         producer: it keeps its producer id across restarts and continues its
         sequences (see :attr:`Producer.last_sequence`), and opening the same
         name on the topic again fences the older instance
-        (:class:`~txmq.errors.ProducerFencedError`)."""
+        (:class:`~txmq.errors.ProducerFencedError`).
+
+        ``batching=True`` batches its one-message sends outside
+        transactions as sends inside them are (``linger_ms``,
+        ``batch_bytes``): ``send`` returns a
+        :class:`~txmq._accumulator.PendingMessageId` before the message is
+        in the log (docs/API.md, "A batching producer"). Without it (and
+        with ``linger_ms=0``) a send outside a transaction is in the log
+        when it returns."""
         self._check_open()
+        if type(batching) is not bool:
+            raise InvalidArgumentError("batching", batching, "True or False")
         t = self._topic(topic)
         if name is None:
-            return Producer(self, t, self._producer_ids.allocate())
+            return Producer(self, t, self._producer_ids.allocate(), batching=batching)
         _name_bytes("name", name)
         if name.startswith(RESERVED_PREFIX):
             raise InvalidArgumentError("name", name, f"a name not starting with {RESERVED_PREFIX!r} (reserved)")
-        p = Producer(self, t, self._producer_ids.id_of(name), name=name)
+        p = Producer(self, t, self._producer_ids.id_of(name), name=name, batching=batching)
         with self._tid_lock:
             old = self._named_live.get((topic, name))
             self._named_live[(topic, name)] = p
@@ -825,8 +835,9 @@ class Broker(Recovery, PreparedTransactions):
             except Exception as e:
                 failed.append(e)
 
-        # What open transactions accumulated goes to the log (the next open
-        # aborts them), as a Kafka producer's close sends its batches.
+        # What open transactions (the next open aborts them) and batching
+        # producers accumulated goes to the log, as a Kafka producer's close
+        # sends its batches.
         attempt(self._batching.flush_all)
         attempt(self._half.close)
         for t in self._topics.values():

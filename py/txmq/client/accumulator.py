@@ -10,6 +10,12 @@ sends outside the accumulator to that partition or closes, and at the
 latest when the transaction commits, before anything of the commit is
 logged. An abort drops what was never appended.
 
+A batching producer (``broker.producer(topic, batching=True)``) keeps an
+accumulator without a transaction per partition for its sends outside
+transactions, appended by the same rules but for the commit: by size, by
+the timer, when an offset is asked for, on its flush, before its other
+sends to that partition, when it closes, and when the broker closes.
+
 :class:`SendBatching` is the broker's side: the settings, the open
 accumulators the timer looks at, and the one flush every path uses.
 """
@@ -35,25 +41,28 @@ class SendBatching:
         self.linger_ms = linger_ms
         self.linger_s = linger_ms / 1000.0
         self.batch_bytes = batch_bytes
-        self.live: set = set()       # accumulators whose transaction may still commit
+        self.live: set = set()       # accumulators whose transaction may still commit, and those
+                                     # of batching producers' sends outside transactions
 
     @property
     def enabled(self) -> bool:
         return self.linger_ms > 0
 
     def open(self, producer, partition, txn) -> SendAccumulator:
-        """A new accumulator of ``producer`` for ``txn`` on ``partition``,
-        known to ``txn`` (flushed by its commit) and to the timer."""
-        meta = txn._meta
-        if meta.partitions.get((partition.topic, partition.index)) is not partition:
+        """A new accumulator of ``producer`` for ``txn`` (None: its sends
+        outside transactions) on ``partition``, known to ``txn`` (flushed by
+        its commit) and to the timer."""
+        meta = None if txn is None else txn._meta
+        if meta is not None and meta.partitions.get((partition.topic, partition.index)) is not partition:
             # Now, not at the append: the transaction lists its partitions
             # from its first send on (Broker.transactions).
             producer._broker._coordinator_of(meta).register_partition(meta, partition)
         # Never more than half a segment: a batch must fit one.
         limit = max(1, min(self.batch_bytes, partition.segment_bytes_max // 2))
-        acc = SendAccumulator(partition, txn._meta, producer, threading.Lock(), self.flush, limit,
+        acc = SendAccumulator(partition, meta, producer, threading.Lock(), self.flush, limit,
                               partition.max_message_bytes)
-        txn._accumulators.append(acc)
+        if txn is not None:
+            txn._accumulators.append(acc)
         self.live.add(acc)
         return acc
 
@@ -70,7 +79,7 @@ class SendBatching:
                 return
             p, meta, producer = acc.partition, acc.meta, acc.producer
             try:
-                if meta.partitions.get((p.topic, p.index)) is not p:
+                if meta is not None and meta.partitions.get((p.topic, p.index)) is not p:
                     producer._broker._coordinator_of(meta).register_partition(meta, p)
                 base = p.append(spec, 0, meta, producer.producer_id, producer.epoch, -1, None, producer._fence)
             except BrokerClosedError as e:
@@ -88,7 +97,7 @@ class SendBatching:
             return
         now = time.monotonic()
         for acc in list(self.live):
-            if acc.meta.state is not TxnState.OPEN or acc.error is not None:
+            if acc.error is not None or (acc.meta is not None and acc.meta.state is not TxnState.OPEN):
                 self.live.discard(acc)
             elif acc.count and now - acc.first_at >= self.linger_s:
                 try:
@@ -97,10 +106,11 @@ class SendBatching:
                     log.debug("txmq: linger flush of %r failed: %s", acc, e)
 
     def flush_all(self) -> None:
-        """Append every open batch of a transaction still open (the broker
-        closing); failures are kept as for the timer's flushes."""
+        """Append every open batch of a transaction still open and of a
+        batching producer (the broker closing); failures are kept as for
+        the timer's flushes."""
         for acc in list(self.live):
-            if acc.count and acc.meta.state is TxnState.OPEN:
+            if acc.count and (acc.meta is None or acc.meta.state is TxnState.OPEN):
                 try:
                     self.flush(acc)
                 except Exception as e:

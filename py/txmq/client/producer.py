@@ -34,13 +34,19 @@ class Producer:
     the same name on the topic again fences this instance. A producer of a
     :class:`~txmq.TransactionalProducer` sends only in that producer's
     transactions.
+
+    A batching producer (``broker.producer(topic, batching=True)``, Pulsar's
+    ``enableBatching``, Kafka's ``linger.ms``) batches its one-message sends
+    outside transactions too: ``send`` returns at once with a
+    :class:`~txmq._accumulator.PendingMessageId`, and the message reaches the
+    log with its batch (docs/API.md, "A batching producer").
     """
 
     __slots__ = ("_broker", "_topic", "_rr", "closed", "producer_id", "epoch", "name", "fenced", "_owner",
-                 "_fence", "_batching", "_accs", "__weakref__")
+                 "_fence", "_batching", "_accs", "_batched", "__weakref__")
 
     def __init__(self, broker, topic, producer_id: int, epoch: int = 0, name: str | None = None,
-                 owner=None):
+                 owner=None, batching: bool = False):
         self._broker = broker
         self._topic = topic
         self._rr = itertools.count(random.randrange(1 << 16))
@@ -55,6 +61,9 @@ class Producer:
         self._fence = owner if owner is not None else self if name is not None else None
         self._batching = broker._batching      # the broker's send accumulators (client/accumulator.py)
         self._accs: dict = {}                  # partition -> this producer's accumulator there
+        # Sends outside transactions accumulate too (never for the producer
+        # of a transactional producer: it sends only inside them).
+        self._batched = batching and owner is None and broker._batching.enabled
 
     @property
     def topic(self) -> str:
@@ -103,8 +112,11 @@ class Producer:
         """This producer's accumulator for ``txn`` on ``p``: a batch it had
         open there for another transaction is appended first."""
         old = self._accs.get(p)
-        if old is not None and old.count:
-            self._flush_partition(p)
+        if old is not None:
+            if old.count:
+                self._flush_partition(p)
+            if old.meta is None:
+                self._batching.live.discard(old)
         if not p._segments:
             raise p._closed_error()
         acc = self._accs[p] = self._batching.open(self, p, txn)
@@ -183,21 +195,26 @@ class Producer:
             p = parts[partition]
         elif key is not None and len(parts) > 1:
             p = parts[partition_for(key, len(parts))]
+        elif len(parts) == 1:
+            p = parts[0]
         else:
             p = parts[next(self._rr) % len(parts)]
-        if txn is not None and sequence < 0 and self._batching.linger_ms:
+        if sequence < 0 and (self._batched if txn is None else self._batching.linger_ms):
             # Batched (client/accumulator.py): everything a send can refuse
             # by itself is refused here; the append comes with the batch.
-            if type(txn) is not Transaction or txn._broker is not self._broker:
-                raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
-            meta = txn._meta
-            if meta.owner is not self._owner:
-                if self._owner is not None:
-                    raise InvalidArgumentError("txn", txn, f"a transaction of transactional producer "
-                                                           f"{self._owner.transactional_id!r} (begin())")
-                meta.check_owner()
-            if meta.state is not TxnState.OPEN:
-                raise meta.not_open("send")
+            if txn is None:
+                meta = None
+            else:
+                if type(txn) is not Transaction or txn._broker is not self._broker:
+                    raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
+                meta = txn._meta
+                if meta.owner is not self._owner:
+                    if self._owner is not None:
+                        raise InvalidArgumentError("txn", txn, f"a transaction of transactional producer "
+                                                               f"{self._owner.transactional_id!r} (begin())")
+                    meta.check_owner()
+                if meta.state is not TxnState.OPEN:
+                    raise meta.not_open("send")
             if self._fence is not None and self._fence.fenced:
                 raise self._fence.fenced_error()
             if self._broker._topics.get(self._topic.name) is not self._topic:
@@ -205,13 +222,7 @@ class Producer:
             acc = self._accs.get(p)
             if acc is None or acc.meta is not meta:
                 acc = self._open_accumulator(p, txn, meta)
-            mid = acc.add(value, key, headers, event_time)
-            if mid is None:                # the open batch is full for this one
-                self._batching.flush(acc)
-                mid = acc.add(value, key, headers, event_time)
-            if acc.full:
-                self._batching.flush(acc)
-            return mid
+            return acc.send(value, key, headers, event_time)    # (appends a batch that is full)
         # (a batched send above checks the message in acc.add instead)
         spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
                          None if event_time is None else [event_time])
@@ -316,22 +327,35 @@ class Producer:
             raise
 
     def flush(self) -> None:
-        """Append every batch of this producer's sends inside transactions
-        that is still accumulating (docs/API.md, "Sends inside a
-        transaction are batched"); raise what an append raised. Sends
-        outside transactions are written when they return."""
+        """Append every batch of this producer's sends that is still
+        accumulating: those inside transactions (docs/API.md, "Sends inside
+        a transaction are batched") and, for a batching producer, those
+        outside them ("A batching producer"); raise what an append raised.
+        A plain producer's sends outside transactions are in the log when
+        they return."""
         for acc in list(self._accs.values()):
             self._batching.flush(acc)
 
     def close(self) -> None:
         """Close this producer; its accumulating batches are appended first
-        (an append that fails is raised by its transaction's commit)."""
-        for p in list(self._accs):
-            self._flush_partition(p)
+        (an append that fails is raised by its transaction's commit; a
+        batching producer's own sends: by this call)."""
+        error = None
+        for p, acc in list(self._accs.items()):
+            if acc.meta is None:
+                self._batching.live.discard(acc)
+                try:
+                    self._batching.flush(acc)
+                except BaseException as e:
+                    error = error or e
+            else:
+                self._flush_partition(p)
         self._accs.clear()
         self.closed = True
         if self.name is not None:
             self._broker._named_closed(self)
+        if error is not None:
+            raise error
 
     def __enter__(self):
         return self

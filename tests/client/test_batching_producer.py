@@ -1,0 +1,285 @@
+"""A batching producer (docs/API.md, "A batching producer"): its
+one-message sends outside transactions accumulate per partition as sends
+inside a transaction do, and reach the log as one batch by size, by the
+timer, when an offset is asked for, on flush, before the producer's other
+sends to that partition, and when it or the broker closes. What a crash
+keeps is a prefix of its sends, and everything a flush returned for."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import txmq
+from txmq._accumulator import PendingMessageId
+from txmq.errors import InvalidArgumentError, InvalidMessageError, MessageTooLargeError, ProducerFencedError
+from txmq.message import MessageId
+
+LONG = 60_000          # a linger_ms no test waits for: only size, offset, flush and close append
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = txmq.Broker(tmp_path / "data", fsync="never", linger_ms=LONG)
+    yield b
+    b.close()
+
+
+def batches(broker, topic="t", partition=0):
+    """(base offset, count, transactional) of every batch in the partition."""
+    p = broker._topics[topic].partitions[partition]
+    return [(i.base_offset, i.count, i.is_transactional) for i in p.headers(0, p.end_offset)]
+
+
+def values(broker, topic="t", name="check"):
+    c = broker.subscribe(topic, name, isolation="read_uncommitted", initial_position="earliest")
+    out = []
+    while ms := c.receive_many(1000, 0.05):
+        out += [m.value for m in ms]
+        c.ack(ms)
+    c.close()
+    return out
+
+
+def test_sends_accumulate_until_the_flush(broker):
+    broker.create_topic("t", 1)
+    p = broker.producer("t", batching=True)
+    mids = [p.send(b"m%d" % i) for i in range(100)]
+    assert all(type(m) is PendingMessageId and not m.done() for m in mids)
+    assert broker.high_watermark("t", 0) == 0
+    p.flush()
+    assert batches(broker) == [(0, 100, False)]
+    assert [m.offset for m in mids] == list(range(100))
+    assert mids[7] == MessageId("t", 0, 7) and tuple(mids[7]) == ("t", 0, 7)
+    assert values(broker) == [b"m%d" % i for i in range(100)]
+
+
+def test_a_plain_producer_still_appends_every_send(broker):
+    broker.create_topic("t", 1)
+    mid = broker.producer("t").send(b"a")
+    assert type(mid) is MessageId and batches(broker) == [(0, 1, False)]
+
+
+def test_linger_zero_turns_batching_off(tmp_path):
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=0) as b:
+        b.create_topic("t", 1)
+        mid = b.producer("t", batching=True).send(b"a")
+        assert type(mid) is MessageId and b.high_watermark("t", 0) == 1
+
+
+def test_batching_must_be_a_bool(broker):
+    broker.create_topic("t", 1)
+    for bad in (1, "yes", None):
+        with pytest.raises(InvalidArgumentError):
+            broker.producer("t", batching=bad)
+
+
+def test_the_timer_appends_after_linger(tmp_path):
+    """A reader sees the sends within linger_ms (and the timer's period),
+    with no flush."""
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=20) as b:
+        b.create_topic("t", 1)
+        c = b.subscribe("t", "s", initial_position="earliest")
+        mid = b.producer("t", batching=True).send(b"late")
+        got = c.receive(timeout=5.0)
+        assert got is not None and got.value == b"late"
+        assert mid.done() and mid.offset == got.offset == 0
+
+
+def test_asking_for_an_offset_appends_the_batch(broker):
+    broker.create_topic("t", 1)
+    p = broker.producer("t", batching=True)
+    first, second = p.send(b"a"), p.send(b"b")
+    assert second.offset == 1 and first.done()
+    third = p.send(b"c")
+    assert batches(broker) == [(0, 2, False)] and not third.done()
+
+
+def test_a_full_batch_is_appended_at_once(tmp_path):
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=LONG, batch_bytes=1000) as b:
+        b.create_topic("t", 1)
+        p = b.producer("t", batching=True)
+        for _ in range(100):
+            p.send(b"x" * 100)
+        sizes = [n for _, n, _ in batches(b)]
+        assert sizes and sum(sizes) > 80 and all(n <= 9 for n in sizes)
+
+
+def test_its_other_sends_keep_the_order(broker):
+    """send_batch, an explicit sequence and a transactional send to the
+    same partition append the accumulated batch first."""
+    broker.create_topic("t", 1)
+    p = broker.producer("t", batching=True)
+    p.send(b"1")
+    p.send_batch([b"2", b"3"])
+    p.send(b"4")
+    txn = broker.new_transaction()
+    p.send(b"5", txn=txn)
+    p.send(b"6")
+    txn.commit()
+    p.flush()
+    # ("5" is appended before "6" joins a batch; the commit marker at 5 comes before "6")
+    assert batches(broker) == [(0, 1, False), (1, 2, False), (3, 1, False), (4, 1, True), (5, 1, True),
+                               (6, 1, False)]
+    assert values(broker) == [b"1", b"2", b"3", b"4", b"5", b"6"]
+    assert p.last_sequence == {0: 5}
+    mid = p.send(b"7", sequence=6)                  # explicit: appended at once
+    assert type(mid) is MessageId and mid.offset == 7
+
+
+def test_keys_headers_and_event_times_go_with_their_message(tmp_path):
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=LONG) as b:
+        b.create_topic("t", 3)
+        p = b.producer("t", batching=True)
+        sent = [(b"k%d" % (i % 5), b"v%d" % i) for i in range(60)]
+        mids = [p.send(v, key=k, headers={"i": v} if i % 3 == 0 else None, event_time=1_000 + i)
+                for i, (k, v) in enumerate(sent)]
+        p.flush()
+        c = b.subscribe("t", "s", initial_position="earliest")
+        got = {}
+        while ms := c.receive_many(1000, 0.05):
+            for m in ms:
+                got[m.value] = m
+        for i, (k, v) in enumerate(sent):
+            m = got[v]
+            assert (m.key, m.event_time, m.partition, m.offset) == (k, 1_000 + i, mids[i].partition, mids[i].offset)
+            assert (m.headers == [("i", v)]) if i % 3 == 0 else not m.headers
+        # (a key always lands on the same partition)
+        assert len({(m.key, m.partition) for m in got.values()}) == 5
+
+
+def test_a_send_refuses_by_itself_what_it_can(broker):
+    broker.create_topic("t", 1)
+    p = broker.producer("t", batching=True)
+    with pytest.raises(InvalidMessageError):
+        p.send("not bytes")
+    with pytest.raises(MessageTooLargeError):
+        p.send(b"x" * (5 * 1024 * 1024 + 1))
+    with pytest.raises(InvalidMessageError):
+        p.send(b"x", event_time="now")
+    p.send(b"ok")
+    p.flush()
+    assert values(broker) == [b"ok"]
+
+
+def test_a_failed_append_is_raised_by_the_ids_the_flush_and_later_sends(broker, monkeypatch):
+    """Nothing is lost in silence: an append the log refuses (a full disk)
+    is raised by the ids of its messages, by flush and by every later send
+    to that partition; another producer carries on."""
+    broker.create_topic("t", 1)
+    p = broker.producer("t", batching=True)
+    mid = p.send(b"x")
+    part = broker._topics["t"].partitions[0]
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(part, "append", full)
+    with pytest.raises(OSError):
+        p.flush()
+    monkeypatch.undo()
+    with pytest.raises(OSError):
+        mid.offset
+    with pytest.raises(OSError):
+        p.send(b"y")
+    with pytest.raises(OSError):
+        p.close()
+    assert broker.producer("t", batching=True).send(b"z").offset == 0
+
+
+def test_close_appends_what_it_accumulated(broker):
+    broker.create_topic("t", 1)
+    p = broker.producer("t", batching=True)
+    mid = p.send(b"a")
+    p.close()
+    assert mid.done() and values(broker) == [b"a"]
+
+
+def test_broker_close_appends_what_producers_accumulated(tmp_path):
+    path = tmp_path / "d"
+    with txmq.Broker(path, fsync="never", linger_ms=LONG) as b:
+        b.create_topic("t", 2)
+        p = b.producer("t", batching=True)
+        for i in range(10):
+            p.send(b"%d" % i, partition=i % 2)
+    with txmq.Broker(path, fsync="never") as b:
+        assert sorted(values(b), key=int) == [b"%d" % i for i in range(10)]
+
+
+def test_a_fenced_named_producer_is_refused(broker):
+    broker.create_topic("t", 1)
+    old = broker.producer("t", name="svc", batching=True)
+    old.send(b"before")
+    new = broker.producer("t", name="svc", batching=True)      # fences old
+    with pytest.raises(ProducerFencedError):
+        old.send(b"zombie")
+    with pytest.raises(ProducerFencedError):
+        old.flush()                  # (its batch is refused at the append too)
+    new.send(b"fresh")
+    new.flush()
+    assert values(broker) == [b"fresh"]
+
+
+def test_ids_stay_exact_while_the_timer_flushes_concurrently(tmp_path):
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=1, batch_bytes=4096) as b:
+        b.create_topic("t", 1)
+        p = b.producer("t", batching=True)
+        mids = [p.send(b"%d" % i) for i in range(20_000)]
+        p.flush()
+        assert [m.offset for m in mids] == list(range(20_000))
+        assert values(b) == [b"%d" % i for i in range(20_000)]
+
+
+CHILD = textwrap.dedent("""
+    import sys, txmq
+    path, fsync = sys.argv[1], sys.argv[2]
+    b = txmq.Broker(path, fsync=fsync, linger_ms=2, batch_bytes=2048)
+    if "t" not in b.topics():
+        b.create_topic("t", 1)
+    p = b.producer("t", batching=True)
+    start = int(sys.argv[3])
+    i = start
+    while True:
+        p.send(b"%d" % i)
+        i += 1
+        if i % 97 == 0:
+            p.flush()
+            print(i, flush=True)
+""")
+
+
+@pytest.mark.parametrize("fsync", ["never", "commit"])
+def test_a_kill_keeps_a_prefix_of_the_sends_and_everything_flushed(tmp_path, fsync):
+    """SIGKILL at a random moment while a batching producer sends: the log
+    holds its sends in order, with no gap and no duplicate (a prefix), and
+    at least every send that a returned flush covered."""
+    path = str(tmp_path / "d")
+    rng = random.Random(fsync)
+    kept = 0
+    for cycle in range(4):
+        child = subprocess.Popen([sys.executable, "-c", CHILD, path, fsync, str(kept)], stdout=subprocess.PIPE,
+                                 env={**os.environ, "TXMQ_DEBUG": "0"})
+        flushed = kept
+        deadline = time.monotonic() + 60
+        want = rng.randrange(2, 40)
+        for _ in range(want):
+            line = child.stdout.readline()
+            assert line, f"child ended early (cycle {cycle})"
+            flushed = int(line)
+            assert time.monotonic() < deadline
+        time.sleep(rng.random() * 0.02)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        with txmq.Broker(path, fsync="never", linger_ms=0) as b:
+            got = values(b, name=f"check-{cycle}")
+        assert got == [b"%d" % i for i in range(len(got))], f"not a prefix of the sends (cycle {cycle})"
+        assert len(got) >= flushed, f"{flushed} flushed, {len(got)} kept (cycle {cycle})"
+        kept = len(got)
