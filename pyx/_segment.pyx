@@ -60,7 +60,7 @@ from txmq._segment_file import SegmentClosedError
 from txmq._sparse_index cimport SparseIndex
 from txmq._quarantine cimport QuarantineRanges
 from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, batch_info,
-                          decode_batch, arrow_views)
+                          decode_batch, arrow_views, arrow_record_batch)
 
 cdef enum:
     IOV_MAX_PIECES = 1024   # POSIX IOV_MAX on Linux
@@ -771,5 +771,18 @@ cdef class Segment(SegmentFile):
         ``value_offsets``, ``values``, ``event_deltas``) plus ``count``."""
         cdef Sections s = self._checked(pos)
         return arrow_views(self._map, self._map.base + pos, s, self.path, pos)
+
+    def record_batch(self, Py_ssize_t pos, Py_ssize_t first, Py_ssize_t n, schema):
+        """Messages ``first`` .. ``first + n - 1`` of the batch at ``pos`` as
+        a ``pyarrow.RecordBatch`` of ``schema`` (key, value, offset,
+        event_time, publish_time), its key and value columns views of the
+        mapping (``txmq._batch.arrow_record_batch``)."""
+        cdef Sections s
+        self._pin()
+        try:
+            s = self._checked(pos)
+            return arrow_record_batch(self._map, self._map.base + pos, s, self.path, pos, first, n, schema)
+        finally:
+            self._unpin()
 
     # -- lifetime ----------------------------------------------------------

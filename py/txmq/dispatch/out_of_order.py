@@ -146,13 +146,13 @@ class OutOfOrderDelivery:
         while (run := self._next_released(lane, max_messages)) is not None:
             seg, pos, info, start, stop = run
             try:
-                bufs = seg.arrow_buffers(pos)
+                batch = _record_batch(pa, self.topic.name, lane.partition.index, seg, pos,
+                                      start - info.base_offset, stop - start)
             except SegmentClosedError:
                 heapq.heappush(lane.released, (start, stop))
                 continue
             self._deliver_range(lane, consumer.id, start, stop, now)
-            return _record_batch(pa, self.topic.name, lane.partition.index, info, bufs,
-                                 start - info.base_offset, stop - start)
+            return batch
         return None
 
     def _parked_undecided(self, lane: _Lane, md: int) -> int:
