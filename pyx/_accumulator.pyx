@@ -45,6 +45,7 @@ cdef class SendAccumulator:
     cdef public object producer       # the producer sending (id, epoch, fence)
     cdef public object lock           # held by a flush around take() and the append
     cdef public object flush_cb       # flush_cb(accumulator): append the open batch now
+    cdef public object on_start       # on_start(accumulator) after send() started a batch, or None
     cdef public object error          # what failed a flush: every later use raises it
     cdef readonly str topic
     cdef readonly int partition_index
@@ -91,6 +92,14 @@ cdef class SendAccumulator:
     def batches(self):
         """How many batches were appended."""
         return len(self.bases)
+
+    @property
+    def pending(self):
+        """Messages not appended yet: in the open batch, or in one taken
+        by a flush still appending it (another thread's). A send of the
+        producer's that must come after them flushes first; the flush
+        waits for the append in progress."""
+        return self.count > 0 or len(self.bases) < self.taken
 
     cpdef PendingMessageId add(self, value, key, headers, event_time):
         """Keep one message (``key`` None or bytes, ``event_time`` None or
@@ -165,11 +174,14 @@ cdef class SendAccumulator:
     def send(self, value, key, headers, event_time):
         """:meth:`add` for a send: the open batch is appended first (through
         ``flush_cb``) when the message does not fit it, and right after when
-        the message filled it. The message's id."""
+        the message filled it; ``on_start`` is told when the message
+        started a batch. The message's id."""
         cdef PendingMessageId mid = self.add(value, key, headers, event_time)
         if mid is None:
             self.flush_cb(self)
             mid = self.add(value, key, headers, event_time)
+        if mid.index == 0 and self.on_start is not None:
+            self.on_start(self)
         if self.nbytes >= self.batch_bytes or self.count >= MAX_COUNT:
             self.flush_cb(self)
         return mid

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import random
 import signal
+import gc
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import weakref
 
 import pytest
 
@@ -227,14 +230,165 @@ def test_a_fenced_named_producer_is_refused(broker):
     assert values(broker) == [b"fresh"]
 
 
-def test_ids_stay_exact_while_the_timer_flushes_concurrently(tmp_path):
-    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=1, batch_bytes=4096) as b:
+def timer_appends_slowly(broker, monkeypatch, fail=False):
+    """The partition's append, made slow (and failing, with ``fail``) when
+    the broker's timer thread calls it: between its take() of the batch and
+    the append."""
+    part = broker._topics["t"].partitions[0]
+    real = part.append
+
+    def slow(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.2)
+            if fail:
+                raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(part, "append", slow)
+    return part
+
+
+def wait_taken(acc):
+    """Until the timer has taken the open batch (it is appending it)."""
+    deadline = time.monotonic() + 10
+    while acc.count:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert acc.pending
+
+
+@pytest.mark.parametrize("then", ["send_batch", "sequence", "transaction"])
+def test_a_batch_the_timer_is_appending_stays_first(tmp_path, monkeypatch, then):
+    """The producer's next send to the partition waits for the timer's
+    append of its batch in progress."""
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=20) as b:
+        b.create_topic("t", 1)
+        part = timer_appends_slowly(b, monkeypatch)
+        p = b.producer("t", batching=True)
+        first = p.send(b"first")
+        wait_taken(p._plain[part])
+        if then == "send_batch":
+            second = p.send_batch([b"second"])[0]
+        elif then == "sequence":
+            second = p.send(b"second", sequence=1)
+        else:
+            txn = b.new_transaction()
+            second = p.send(b"second", txn=txn)
+            txn.commit()
+        assert (first.offset, second.offset) == (0, 1)
+        assert values(b)[:2] == [b"first", b"second"]
+
+
+def test_a_transactions_batch_the_timer_is_appending_stays_first(tmp_path, monkeypatch):
+    """The same for a plain producer's batch inside a transaction: its send
+    outside the transaction waits for the timer's append."""
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=20) as b:
+        b.create_topic("t", 1)
+        part = timer_appends_slowly(b, monkeypatch)
+        p = b.producer("t")
+        txn = b.new_transaction()
+        first = p.send(b"first", txn=txn)
+        wait_taken(p._accs[part])
+        second = p.send(b"second")
+        assert (first.offset, second.offset) == (0, 1)
+        txn.commit()
+
+
+def test_nothing_is_appended_after_a_batch_the_log_refused(tmp_path, monkeypatch):
+    """A send made while the timer's failing append is in flight is not
+    appended after the failure: it raises the failure, as its id does, and
+    the log keeps no gap."""
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=20) as b:
+        b.create_topic("t", 1)
+        part = timer_appends_slowly(b, monkeypatch, fail=True)
+        p = b.producer("t", batching=True)
+        a = p.send(b"A")
+        acc = p._plain[part]
+        wait_taken(acc)
+        later = p.send(b"B")                  # accepted: the failure is not known yet
+        deadline = time.monotonic() + 10
+        while acc.error is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        for mid in (a, later):
+            with pytest.raises(OSError):
+                mid.offset
+        for then in (lambda: p.send(b"C"), lambda: p.send_batch([b"C"]), lambda: p.send(b"C", sequence=5),
+                     lambda: p.send(b"C", txn=b.new_transaction()), p.flush, p.close):
+            with pytest.raises(OSError):
+                then()
+        monkeypatch.undo()
+        assert values(b) == []
+
+
+def test_threads_sharing_a_producer_lose_nothing_and_keep_their_order(tmp_path):
+    """Threads send through one batching producer, inside and outside
+    transactions, while the timer flushes: after flush() every plain send is
+    in the log once, each thread's in its order."""
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=1, batch_bytes=2048) as b:
         b.create_topic("t", 1)
         p = b.producer("t", batching=True)
-        mids = [p.send(b"%d" % i) for i in range(20_000)]
+        start = threading.Barrier(4)
+
+        def sender(k):
+            start.wait()
+            for i in range(3000):
+                p.send(b"%d-%d" % (k, i))
+                if i % 500 == 0:
+                    with b.transaction() as txn:
+                        p.send(b"txn-%d-%d" % (k, i), txn=txn)
+
+        threads = [threading.Thread(target=sender, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         p.flush()
-        assert [m.offset for m in mids] == list(range(20_000))
-        assert values(b) == [b"%d" % i for i in range(20_000)]
+        got = [v for v in values(b) if not v.startswith(b"txn")]
+        assert sorted(got) == sorted(b"%d-%d" % (k, i) for k in range(4) for i in range(3000))
+        for k in range(4):
+            mine = [int(v.split(b"-")[1]) for v in got if v.startswith(b"%d-" % k)]
+            assert mine == list(range(3000))
+
+
+def test_the_timer_appends_while_the_sender_keeps_adding(tmp_path):
+    """Sends slower than linger_ms: the timer, not the size, appends most
+    batches, and every id still names its message."""
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=1) as b:
+        b.create_topic("t", 1)
+        p = b.producer("t", batching=True)
+        mids = []
+        for i in range(400):
+            mids.append(p.send(b"%d" % i))
+            if i % 20 == 0:
+                time.sleep(0.015)
+        p.flush()
+        assert len(batches(b)) >= 10          # (one batch per pause at least: the timer's)
+        assert [m.offset for m in mids] == list(range(400))
+        assert values(b) == [b"%d" % i for i in range(400)]
+
+
+def test_a_flushed_producer_dropped_without_close_is_not_kept(tmp_path):
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=1) as b:
+        b.create_topic("t", 1)
+        refs = []
+        for i in range(50):
+            p = b.producer("t", batching=True)
+            p.send(b"%d" % i)
+            p.flush()
+            refs.append(weakref.ref(p))
+        del p
+        b._batching.flush_due()                # (what the timer does every period)
+        gc.collect()
+        assert [r for r in refs if r() is not None] == [] and not b._batching.live
+        # Sent and dropped without a flush: the timer appends it, nothing is lost.
+        b.producer("t", batching=True).send(b"last")
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while b.high_watermark("t", 0) < 51:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert values(b)[-1] == b"last"
 
 
 CHILD = textwrap.dedent("""

@@ -14,7 +14,15 @@ A batching producer (``broker.producer(topic, batching=True)``) keeps an
 accumulator without a transaction per partition for its sends outside
 transactions, appended by the same rules but for the commit: by size, by
 the timer, when an offset is asked for, on its flush, before its other
-sends to that partition, when it closes, and when the broker closes.
+sends to that partition, when it closes, and when the broker closes. Such
+an accumulator is known to the timer only while it holds messages (from
+the send that starts a batch until a flush leaves it empty), so a producer
+flushed and dropped without ``close()`` is not kept alive.
+
+A failed append is kept in its accumulator: every later send into it, its
+flush, and the ids of its messages raise it, and nothing is appended from
+it again (for a batching producer, what the log keeps of its sends stays a
+prefix of them).
 
 :class:`SendBatching` is the broker's side: the settings, the open
 accumulators the timer looks at, and the one flush every path uses.
@@ -42,7 +50,7 @@ class SendBatching:
         self.linger_s = linger_ms / 1000.0
         self.batch_bytes = batch_bytes
         self.live: set = set()       # accumulators whose transaction may still commit, and those
-                                     # of batching producers' sends outside transactions
+                                     # of batching producers holding messages
 
     @property
     def enabled(self) -> bool:
@@ -63,8 +71,17 @@ class SendBatching:
                               partition.max_message_bytes)
         if txn is not None:
             txn._accumulators.append(acc)
-        self.live.add(acc)
+            self.live.add(acc)
+        else:
+            acc.on_start = self._started       # known to the timer while it holds messages
         return acc
+
+    def _started(self, acc: SendAccumulator) -> None:
+        """A batching producer's send started a batch in ``acc``. (Under its
+        lock: flush_due forgets an empty one under the same lock, so a
+        batch started meanwhile is never left out.)"""
+        with acc.lock:
+            self.live.add(acc)
 
     def flush(self, acc: SendAccumulator) -> None:
         """Append the open batch of ``acc`` (registering its partition with
@@ -72,10 +89,10 @@ class SendBatching:
         ``acc``, every id of its messages not yet appended, and the commit
         raise it."""
         with acc.lock:
+            if acc.error is not None:
+                raise acc.error              # (nothing is appended after a failed batch)
             spec = acc.take()
             if spec is None:
-                if acc.error is not None:
-                    raise acc.error
                 return
             p, meta, producer = acc.partition, acc.meta, acc.producer
             try:
@@ -99,6 +116,10 @@ class SendBatching:
         for acc in list(self.live):
             if acc.error is not None or (acc.meta is not None and acc.meta.state is not TxnState.OPEN):
                 self.live.discard(acc)
+            elif acc.meta is None and not acc.pending:
+                with acc.lock:
+                    if not acc.pending:
+                        self.live.discard(acc)
             elif acc.count and now - acc.first_at >= self.linger_s:
                 try:
                     self.flush(acc)

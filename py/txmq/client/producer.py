@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 import sys
+import threading
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class Producer:
     """
 
     __slots__ = ("_broker", "_topic", "_rr", "closed", "producer_id", "epoch", "name", "fenced", "_owner",
-                 "_fence", "_batching", "_accs", "_batched", "__weakref__")
+                 "_fence", "_batching", "_accs", "_plain", "_acc_lock", "_batched", "__weakref__")
 
     def __init__(self, broker, topic, producer_id: int, epoch: int = 0, name: str | None = None,
                  owner=None, batching: bool = False):
@@ -60,7 +61,9 @@ class Producer:
         # producer's producers, this instance for a named one.
         self._fence = owner if owner is not None else self if name is not None else None
         self._batching = broker._batching      # the broker's send accumulators (client/accumulator.py)
-        self._accs: dict = {}                  # partition -> this producer's accumulator there
+        self._accs: dict = {}                  # partition -> its accumulator for a transaction there
+        self._plain: dict = {}                 # partition -> its accumulator outside transactions (batching)
+        self._acc_lock = threading.Lock()      # opening accumulators
         # Sends outside transactions accumulate too (never for the producer
         # of a transactional producer: it sends only inside them).
         self._batched = batching and owner is None and broker._batching.enabled
@@ -99,31 +102,54 @@ class Producer:
             raise self._fence.fenced_error()
 
     def _flush_partition(self, p) -> None:
-        """Append this producer's open batch on ``p`` (if any) before
-        anything else it sends there: its sends keep their order."""
+        """Append what this producer has pending on ``p`` (its batch for a
+        transaction, its batch outside transactions) before anything else it
+        sends there: its sends keep their order."""
+        self._flush_txn_batch(p)
+        self._flush_plain_batch(p)
+
+    def _flush_txn_batch(self, p) -> None:
         acc = self._accs.get(p)
-        if acc is not None and acc.count:
+        if acc is not None and acc.pending:      # (pending: also a batch another thread is appending)
             try:
                 self._batching.flush(acc)
             except Exception:
                 pass              # kept in the accumulator: its transaction's commit raises it
 
+    def _flush_plain_batch(self, p) -> None:
+        acc = self._plain.get(p)
+        if acc is not None and (acc.pending or acc.error is not None):
+            # Raises what failed there: nothing this producer sends to ``p``
+            # goes past a batch of its that the log refused.
+            self._batching.flush(acc)
+
     def _open_accumulator(self, p, txn, meta):
         """This producer's accumulator for ``txn`` on ``p``: a batch it had
         open there for another transaction is appended first."""
-        old = self._accs.get(p)
-        if old is not None:
-            if old.count:
-                self._flush_partition(p)
-            if old.meta is None:
-                self._batching.live.discard(old)
-        if not p._segments:
-            raise p._closed_error()
-        acc = self._accs[p] = self._batching.open(self, p, txn)
-        return acc
+        with self._acc_lock:
+            old = self._accs.get(p)
+            if old is not None:
+                if old.meta is meta:
+                    return old            # (another thread opened it meanwhile)
+                self._flush_txn_batch(p)
+            if not p._segments:
+                raise p._closed_error()
+            acc = self._accs[p] = self._batching.open(self, p, txn)
+            return acc
+
+    def _open_plain(self, p):
+        """This batching producer's accumulator outside transactions on
+        ``p``: one per partition, for the producer's life."""
+        with self._acc_lock:
+            acc = self._plain.get(p)
+            if acc is None:
+                if not p._segments:
+                    raise p._closed_error()
+                acc = self._plain[p] = self._batching.open(self, p, None)
+            return acc
 
     def _append(self, p, spec, txn, sequence):
-        if self._accs:
+        if self._accs or self._plain:
             self._flush_partition(p)
         if txn is None:
             if self._owner is not None:
@@ -143,7 +169,11 @@ class Producer:
     def send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None,
              sequence: int | None = None) -> MessageId:
         """Append one message; return its :class:`MessageId` once it is in the
-        log (and durable, under ``fsync="always"``).
+        log (and durable, under ``fsync="always"``). A batching producer
+        (``broker.producer(topic, batching=True)``) returns at once with a
+        :class:`~txmq._accumulator.PendingMessageId`, the message joining
+        its open batch for the partition (docs/API.md, "A batching
+        producer").
 
         ``value`` and ``key`` are bytes (a str key is UTF-8 encoded);
         ``headers`` a dict or a list of (str, bytes) pairs; ``event_time``
@@ -204,6 +234,8 @@ class Producer:
             # by itself is refused here; the append comes with the batch.
             if txn is None:
                 meta = None
+                if self._accs:
+                    self._flush_txn_batch(p)
             else:
                 if type(txn) is not Transaction or txn._broker is not self._broker:
                     raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
@@ -219,17 +251,22 @@ class Producer:
                 raise self._fence.fenced_error()
             if self._broker._topics.get(self._topic.name) is not self._topic:
                 self._check_open()         # deleted since this producer was made
-            acc = self._accs.get(p)
-            if acc is None or acc.meta is not meta:
-                acc = self._open_accumulator(p, txn, meta)
+            if meta is None:
+                acc = self._plain.get(p)
+                if acc is None:
+                    acc = self._open_plain(p)
+            else:
+                if self._plain:
+                    self._flush_plain_batch(p)
+                acc = self._accs.get(p)
+                if acc is None or acc.meta is not meta:
+                    acc = self._open_accumulator(p, txn, meta)
             return acc.send(value, key, headers, event_time)    # (appends a batch that is full)
         # (a batched send above checks the message in acc.add instead)
         spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
                          None if event_time is None else [event_time])
-        if self._accs:
-            acc = self._accs.get(p)
-            if acc is not None and acc.count:
-                self._flush_partition(p)
+        if self._accs or self._plain:
+            self._flush_partition(p)
         try:
             if txn is None and self._owner is None:
                 return _new_id(MessageId, (self._topic.name, p.index,
@@ -333,24 +370,29 @@ class Producer:
         outside them ("A batching producer"); raise what an append raised.
         A plain producer's sends outside transactions are in the log when
         they return."""
-        for acc in list(self._accs.values()):
-            self._batching.flush(acc)
+        error = None
+        for acc in list(self._accs.values()) + list(self._plain.values()):
+            try:
+                self._batching.flush(acc)
+            except BaseException as e:      # (the other batches are appended all the same)
+                error = error or e
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         """Close this producer; its accumulating batches are appended first
         (an append that fails is raised by its transaction's commit; a
-        batching producer's own sends: by this call)."""
+        batching producer's sends outside transactions: by this call)."""
         error = None
-        for p, acc in list(self._accs.items()):
-            if acc.meta is None:
-                self._batching.live.discard(acc)
-                try:
-                    self._batching.flush(acc)
-                except BaseException as e:
-                    error = error or e
-            else:
-                self._flush_partition(p)
+        for p in list(self._accs):
+            self._flush_txn_batch(p)
+        for acc in list(self._plain.values()):
+            try:
+                self._batching.flush(acc)
+            except BaseException as e:
+                error = error or e
         self._accs.clear()
+        self._plain.clear()
         self.closed = True
         if self.name is not None:
             self._broker._named_closed(self)
