@@ -177,7 +177,7 @@ cdef class SendAccumulator:
         the message filled it; ``on_start`` is told when the message
         started a batch. The message's id."""
         cdef PendingMessageId mid = self.add(value, key, headers, event_time)
-        if mid is None:
+        while mid is None:              # (another thread may fill the next batch meanwhile)
             self.flush_cb(self)
             mid = self.add(value, key, headers, event_time)
         if mid.index == 0 and self.on_start is not None:

@@ -1058,14 +1058,35 @@ cdef void _release_record(ArrowArray *a) noexcept nogil:
     free(blk)
 
 cdef object _record_batch_type = None
+cdef dict _schemas = {}              # (topic, partition) -> the pyarrow schema of its record batches
+cdef enum:
+    SCHEMAS_MAX = 4096
+
+def record_batch_schema(str topic, int partition):
+    """The ``pyarrow.Schema`` of a partition's record batches: key, value
+    (binary), offset (int64), event_time, publish_time (timestamp[ms]),
+    with ``topic`` and ``partition`` in its metadata. Built once per
+    partition (the last 4096 kept)."""
+    key = (topic, partition)
+    schema = _schemas.get(key)
+    if schema is None:
+        import pyarrow as pa
+        if len(_schemas) >= SCHEMAS_MAX:
+            _schemas.clear()
+        schema = _schemas[key] = pa.schema(
+            [("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
+             ("event_time", pa.timestamp("ms")), ("publish_time", pa.timestamp("ms"))],
+            metadata={"topic": topic, "partition": str(partition)})
+    return schema
 
 cdef object arrow_record_batch(object buffer, const char *p, Sections s, object path, Py_ssize_t pos,
-                               Py_ssize_t first, Py_ssize_t n, object schema):
+                               Py_ssize_t first, Py_ssize_t n, str topic, int partition):
     """Messages ``first`` .. ``first + n - 1`` of the batch at ``p`` (byte
     ``pos`` of ``path``; ``buffer`` the whole mapping) as a
-    ``pyarrow.RecordBatch`` of ``schema`` (key, value, offset, event_time,
-    publish_time): the key and value columns are views of ``buffer``."""
+    ``pyarrow.RecordBatch`` of :func:`record_batch_schema`: the key and
+    value columns are views of ``buffer``."""
     global _record_batch_type
+    schema = record_batch_schema(topic, partition)
     cdef int32_t count = load_i32(p + COUNT_OFFSET)
     cdef uint16_t flags = load_u16(p + FLAGS_OFFSET)
     if first < 0 or n < 1 or first + n > count:
@@ -1140,5 +1161,11 @@ cdef object arrow_record_batch(object buffer, const char *p, Sections s, object 
     Py_INCREF(keep)
     blk.keep = <PyObject *>keep
     blk.root.release = _release_record
-    # (the import takes ownership: on failure too, it calls the release)
-    return _record_batch_type._import_from_c(<uintptr_t>&blk.root, schema)
+    try:
+        return _record_batch_type._import_from_c(<uintptr_t>&blk.root, schema)
+    except BaseException:
+        # (Arrow's import releases what it was handed, even when it fails;
+        # an error before it, never)
+        if blk.root.release != NULL:
+            _release_record(&blk.root)
+        raise

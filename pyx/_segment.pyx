@@ -772,16 +772,18 @@ cdef class Segment(SegmentFile):
         cdef Sections s = self._checked(pos)
         return arrow_views(self._map, self._map.base + pos, s, self.path, pos)
 
-    def record_batch(self, Py_ssize_t pos, Py_ssize_t first, Py_ssize_t n, schema):
+    def record_batch(self, Py_ssize_t pos, Py_ssize_t first, Py_ssize_t n, str topic, int partition):
         """Messages ``first`` .. ``first + n - 1`` of the batch at ``pos`` as
-        a ``pyarrow.RecordBatch`` of ``schema`` (key, value, offset,
-        event_time, publish_time), its key and value columns views of the
-        mapping (``txmq._batch.arrow_record_batch``)."""
+        a ``pyarrow.RecordBatch`` (key, value, offset, event_time,
+        publish_time; ``topic`` and ``partition`` in the schema's metadata:
+        ``txmq._batch.record_batch_schema``), its key and value columns
+        views of the mapping (``txmq._batch.arrow_record_batch``)."""
         cdef Sections s
         self._pin()
         try:
             s = self._checked(pos)
-            return arrow_record_batch(self._map, self._map.base + pos, s, self.path, pos, first, n, schema)
+            return arrow_record_batch(self._map, self._map.base + pos, s, self.path, pos, first, n, topic,
+                                      partition)
         finally:
             self._unpin()
 

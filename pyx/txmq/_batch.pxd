@@ -78,4 +78,4 @@ cdef list decode_batch(const char *p, Sections s, object path, Py_ssize_t pos, i
                        bint as_messages)
 cdef dict arrow_views(object buffer, const char *p, Sections s, object path, Py_ssize_t pos)
 cdef object arrow_record_batch(object buffer, const char *p, Sections s, object path, Py_ssize_t pos,
-                               Py_ssize_t first, Py_ssize_t n, object schema)
+                               Py_ssize_t first, Py_ssize_t n, str topic, int partition)

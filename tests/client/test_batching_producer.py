@@ -22,7 +22,8 @@ import pytest
 
 import txmq
 from txmq._accumulator import PendingMessageId
-from txmq.errors import InvalidArgumentError, InvalidMessageError, MessageTooLargeError, ProducerFencedError
+from txmq.errors import (InvalidArgumentError, InvalidMessageError, InvalidTxnStateError, MessageTooLargeError,
+                         ProducerFencedError)
 from txmq.message import MessageId
 
 LONG = 60_000          # a linger_ms no test waits for: only size, offset, flush and close append
@@ -349,6 +350,48 @@ def test_threads_sharing_a_producer_lose_nothing_and_keep_their_order(tmp_path):
         for k in range(4):
             mine = [int(v.split(b"-")[1]) for v in got if v.startswith(b"%d-" % k)]
             assert mine == list(range(3000))
+
+
+def test_threads_filling_batches_of_a_few_messages_lose_none(tmp_path):
+    """Batches of one message (values larger than half of batch_bytes):
+    a thread whose message did not fit flushes and tries again, even when
+    another thread filled the next batch in between; every send gets its
+    id and reaches the log."""
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=LONG, batch_bytes=1024) as b:
+        b.create_topic("t", 1)
+        p = b.producer("t", batching=True)
+        ids = {k: [] for k in range(4)}
+
+        def sender(k):
+            for i in range(3000):
+                ids[k].append(p.send((b"%d-%d-" % (k, i)).ljust(600, b"x")))
+
+        threads = [threading.Thread(target=sender, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        p.flush()
+        assert all(type(m) is PendingMessageId for k in ids for m in ids[k])
+        assert b.high_watermark("t", 0) == 12_000
+        assert len({m.offset for k in ids for m in ids[k]}) == 12_000
+
+
+def test_an_aborted_transactions_leftovers_do_not_stick_to_the_producer(broker):
+    """What an aborted transaction accumulated is dropped with it: its ids
+    raise, and the producer's flush and later sends are not refused for it."""
+    broker.create_topic("t", 1)
+    p = broker.producer("t", batching=True)
+    txn = broker.new_transaction()
+    dropped = p.send(b"x", txn=txn)
+    txn.abort()
+    p.send(b"y")
+    assert p.send(b"z", sequence=1).offset == 1
+    p.flush()
+    p.flush()
+    with pytest.raises(InvalidTxnStateError):
+        dropped.offset
+    assert values(broker) == [b"y", b"z"]
 
 
 def test_the_timer_appends_while_the_sender_keeps_adding(tmp_path):

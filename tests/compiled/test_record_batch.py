@@ -14,7 +14,7 @@ import pytest
 
 from txmq._batch import BatchSpec
 from txmq._segment import Segment
-from txmq.dispatch.arrow_delivery import _batch_schema
+from txmq._batch import record_batch_schema
 
 
 def new_segment(tmp_path, capacity=1 << 20):
@@ -24,7 +24,7 @@ def new_segment(tmp_path, capacity=1 << 20):
 
 
 def schema():
-    return _batch_schema(pa, "t", 3)
+    return record_batch_schema("t", 3)
 
 
 def random_spec(rng: random.Random):
@@ -53,7 +53,7 @@ def test_runs_of_random_batches_match_the_decoded_messages(tmp_path):
         for _ in range(8):
             first = rng.randrange(n)
             count = rng.randrange(1, n - first + 1)
-            rb = seg.record_batch(pos, first, count, schema())
+            rb = seg.record_batch(pos, first, count, "t", 3)
             rb.validate(full=True)
             assert rb.schema.equals(schema(), check_metadata=True) and rb.num_rows == count
             assert rb.column("offset").to_pylist() == list(range(base + first, base + first + count))
@@ -86,7 +86,7 @@ def test_bad_runs_are_refused(tmp_path):
     seg.append(BatchSpec([b"a", b"b", b"c"]), 0, 0, 0, -1, 0, -1, 1)
     for first, n in ((0, 0), (-1, 2), (2, 2), (0, 4), (3, 1)):
         with pytest.raises(ValueError):
-            seg.record_batch(0, first, n, schema())
+            seg.record_batch(0, first, n, "t", 3)
     assert seg.mapping.exports == 0         # (nothing was exported for them)
     seg.close()
 
@@ -96,7 +96,7 @@ def test_the_mapping_lives_as_long_as_a_column_and_no_longer(tmp_path):
     values = [b"x%d" % i for i in range(20)]
     keys = [b"k%d" % i if i % 3 else None for i in range(20)]
     seg.append(BatchSpec(list(values), keys=list(keys)), 0, 0, 0, -1, 0, -1, 5)
-    rb = seg.record_batch(0, 2, 15, schema())
+    rb = seg.record_batch(0, 2, 15, "t", 3)
     mapping = seg.mapping
     assert mapping.exports == 1
     # Zero copy: the value bytes lie inside the mapping.
@@ -119,8 +119,17 @@ def test_many_batches_release_everything(tmp_path):
     seg = new_segment(tmp_path)
     seg.append(BatchSpec([b"v%d" % i for i in range(1000)]), 0, 0, 0, -1, 0, -1, 5)
     for _ in range(20_000):
-        rb = seg.record_batch(0, 10, 900, schema())
+        rb = seg.record_batch(0, 10, 900, "t", 3)
         assert rb.num_rows == 900
     del rb
     assert seg.mapping.exports == 0
     seg.close()
+
+
+def test_the_schema_is_built_once_per_partition():
+    a = record_batch_schema("t", 3)
+    assert record_batch_schema("t", 3) is a
+    assert a.metadata == {b"topic": b"t", b"partition": b"3"}
+    assert a.names == ["key", "value", "offset", "event_time", "publish_time"]
+    assert [str(t) for t in a.types] == ["binary", "binary", "int64", "timestamp[ms]", "timestamp[ms]"]
+    assert record_batch_schema("t", 4).metadata[b"partition"] == b"4"

@@ -51,6 +51,7 @@ class SendBatching:
         self.batch_bytes = batch_bytes
         self.live: set = set()       # accumulators whose transaction may still commit, and those
                                      # of batching producers holding messages
+        self._live_lock = threading.Lock()   # a batching producer's accumulator joining or leaving live
 
     @property
     def enabled(self) -> bool:
@@ -77,10 +78,10 @@ class SendBatching:
         return acc
 
     def _started(self, acc: SendAccumulator) -> None:
-        """A batching producer's send started a batch in ``acc``. (Under its
-        lock: flush_due forgets an empty one under the same lock, so a
-        batch started meanwhile is never left out.)"""
-        with acc.lock:
+        """A batching producer's send started a batch in ``acc``. (flush_due
+        forgets an empty one under the same lock, after checking it holds
+        nothing: a batch started meanwhile is added again here, after.)"""
+        with self._live_lock:
             self.live.add(acc)
 
     def flush(self, acc: SendAccumulator) -> None:
@@ -117,7 +118,7 @@ class SendBatching:
             if acc.error is not None or (acc.meta is not None and acc.meta.state is not TxnState.OPEN):
                 self.live.discard(acc)
             elif acc.meta is None and not acc.pending:
-                with acc.lock:
+                with self._live_lock:
                     if not acc.pending:
                         self.live.discard(acc)
             elif acc.count and now - acc.first_at >= self.linger_s:

@@ -110,7 +110,9 @@ class Producer:
 
     def _flush_txn_batch(self, p) -> None:
         acc = self._accs.get(p)
-        if acc is not None and acc.pending:      # (pending: also a batch another thread is appending)
+        # (pending: also a batch another thread is appending; an ended
+        # transaction's leftovers were dropped with it, or raise through its ids)
+        if acc is not None and acc.pending and acc.meta.state is TxnState.OPEN:
             try:
                 self._batching.flush(acc)
             except Exception:
@@ -265,8 +267,12 @@ class Producer:
         # (a batched send above checks the message in acc.add instead)
         spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
                          None if event_time is None else [event_time])
-        if self._accs or self._plain:
+        if self._plain:
             self._flush_partition(p)
+        elif self._accs:              # (_flush_txn_batch's test, inline: a plain send of a producer
+            acc = self._accs.get(p)   # that also sends in transactions)
+            if acc is not None and acc.pending and acc.meta.state is TxnState.OPEN:
+                self._flush_txn_batch(p)
         try:
             if txn is None and self._owner is None:
                 return _new_id(MessageId, (self._topic.name, p.index,
@@ -371,7 +377,8 @@ class Producer:
         A plain producer's sends outside transactions are in the log when
         they return."""
         error = None
-        for acc in list(self._accs.values()) + list(self._plain.values()):
+        accs = [a for a in self._accs.values() if a.meta.state is TxnState.OPEN] + list(self._plain.values())
+        for acc in accs:
             try:
                 self._batching.flush(acc)
             except BaseException as e:      # (the other batches are appended all the same)

@@ -5,10 +5,10 @@ value columns are views of the log."""
 from __future__ import annotations
 
 import logging
-import functools
 import time
 
 
+from txmq._batch import record_batch_schema
 from txmq._segment import SegmentClosedError
 from txmq.dispatch import lane_invariant
 from txmq.dispatch.lanes import _Lane
@@ -67,7 +67,7 @@ class ArrowDelivery:
              pa.array([m.offset for m in msgs], pa.int64()),
              pa.array([m.event_time for m in msgs], pa.timestamp("ms")),
              pa.array([m.publish_time for m in msgs], pa.timestamp("ms"))],
-            schema=_batch_schema(pa, self.topic.name, lane.partition.index))
+            schema=record_batch_schema(self.topic.name, lane.partition.index))
 
     def _take_arrow(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
         if lane.buf_i < len(lane.buffer):
@@ -113,11 +113,4 @@ def _record_batch(pa, topic: str, partition: int, seg, pos: int, first: int, n: 
     ``seg`` as a RecordBatch whose key and value columns are views of the
     mapping, built in one compiled call (``Segment.record_batch``, through
     Arrow's C data interface). Raises SegmentClosedError."""
-    return seg.record_batch(pos, first, n, _batch_schema(pa, topic, partition))
-
-
-@functools.lru_cache(maxsize=4096)
-def _batch_schema(pa, topic: str, partition: int):
-    return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("offset", pa.int64()),
-                      ("event_time", pa.timestamp("ms")), ("publish_time", pa.timestamp("ms"))],
-                     metadata={"topic": topic, "partition": str(partition)})
+    return seg.record_batch(pos, first, n, topic, partition)
