@@ -116,3 +116,37 @@ def test_a_batch_delivery_has_the_fields_of_the_messages(broker):
     assert [r["value"] for r in got] == [m.value for m in want[2:]]
     assert [r["event_time"] for r in got] == [m.event_time for m in want[2:]]
     assert [r["publish_time"] for r in got] == [m.publish_time for m in want[2:]]
+
+
+def unacked(broker):
+    return broker.stats()["topics"]["t"]["subscriptions"]["s"]["unacked"]
+
+
+def test_an_ack_of_a_received_batch_takes_its_run_and_of_a_slice_its_column(broker):
+    """``receive_batch`` remembers the run each batch it returns covers,
+    while the batch lives: its ack is that run. A slice of it (another
+    object) is acked by its offset column, only those offsets; a dropped
+    batch is forgotten."""
+    import gc
+    from txmq.dispatch.arrow_delivery import _RUNS, delivered_run
+    broker.producer("t").send_batch([b"v%d" % i for i in range(30)])
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    batch = c.receive_batch(20, timeout=1)
+    assert delivered_run(batch) == ("t", 0, 0, 20)
+    part = batch.slice(5, 10)
+    assert delivered_run(part) is None and delivered_run(object()) is None
+    c.ack(part)                               # offsets 5..14, from the column
+    assert unacked(broker) == 10
+    txn = broker.new_transaction()
+    with pytest.raises(errors.TransactionConflictError):
+        c.ack(batch, txn=txn)                 # the run 0..19 holds acked offsets: refused whole
+    txn.abort()
+    rest = c.receive_batch(20, timeout=1)
+    assert delivered_run(rest) == ("t", 0, 20, 30)
+    with broker.transaction() as txn:
+        c.ack(rest, txn=txn)
+    assert unacked(broker) == 10
+    n = len(_RUNS)
+    del batch, part, rest
+    gc.collect()
+    assert len(_RUNS) == n - 2

@@ -11,6 +11,7 @@ from txmq._accumulator import PendingMessageId
 from txmq._ackset import ack_in, received_or
 from txmq.client.transaction import Transaction, meta_of
 from txmq.dispatch import lane_invariant
+from txmq.dispatch.arrow_delivery import delivered_run
 from txmq.transactions.records import TxnState
 
 
@@ -130,6 +131,14 @@ class Consumer:
             return
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
+            run = delivered_run(messages)
+            if run is not None and run[0] == self.topic:      # (as received: no column to read)
+                _, partition, first, end = run
+                if txn is not None:
+                    self._sub.pending_acks.ack_range_txn(meta_of(txn, self._broker), partition, range(first, end))
+                else:
+                    self._sub.ack_range(partition, first, end)
+                return
             md = messages.schema.metadata or {}
             if messages.num_rows == 0:
                 return

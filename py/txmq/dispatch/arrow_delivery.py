@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 
 
 from txmq._batch import record_batch_schema
@@ -98,7 +99,7 @@ class ArrowDelivery:
                     end = min(end, held)
             try:
                 batch = _record_batch(pa, self.topic.name, lane.partition.index, lane.seg, lane.pos,
-                                      start - info.base_offset, end - start)
+                                      info.base_offset, start, end)
             except SegmentClosedError:
                 lane.seg = None
                 continue
@@ -108,9 +109,34 @@ class ArrowDelivery:
         return None
 
 
-def _record_batch(pa, topic: str, partition: int, seg, pos: int, first: int, n: int):
-    """Messages ``first`` .. ``first + n - 1`` of the batch at ``pos`` of
-    ``seg`` as a RecordBatch whose key and value columns are views of the
-    mapping, built in one compiled call (``Segment.record_batch``, through
-    Arrow's C data interface). Raises SegmentClosedError."""
-    return seg.record_batch(pos, first, n, topic, partition)
+def _record_batch(pa, topic: str, partition: int, seg, pos: int, base: int, start: int, end: int):
+    """Offsets ``start`` .. ``end - 1`` of the batch of base offset ``base``
+    at ``pos`` of ``seg`` as a RecordBatch whose key and value columns are
+    views of the mapping, built in one compiled call
+    (``Segment.record_batch``, through Arrow's C data interface), and
+    remembered as a run (:func:`delivered_run`). Raises SegmentClosedError."""
+    batch = seg.record_batch(pos, start - base, end - start, topic, partition)
+    key = id(batch)
+
+    def forget(ref, key=key):
+        if _RUNS.get(key, (None,))[0] is ref:
+            _RUNS.pop(key, None)
+
+    _RUNS[key] = (weakref.ref(batch, forget), topic, partition, start, end)
+    return batch
+
+
+# id(batch) -> (weak reference, topic, partition, first offset, end offset)
+# of every RecordBatch built from one run of the log and still alive: an
+# ack of it reads its run here instead of from its schema and columns.
+_RUNS: dict = {}
+
+
+def delivered_run(batch):
+    """``(topic, partition, first offset, end offset)`` of a RecordBatch
+    ``receive_batch`` built from one run of consecutive offsets, or None
+    (any other object: a slice, a concatenation, a redelivery's copy)."""
+    entry = _RUNS.get(id(batch))
+    if entry is not None and entry[0]() is batch:
+        return entry[1:]
+    return None

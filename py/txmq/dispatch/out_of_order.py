@@ -147,7 +147,7 @@ class OutOfOrderDelivery:
             seg, pos, info, start, stop = run
             try:
                 batch = _record_batch(pa, self.topic.name, lane.partition.index, seg, pos,
-                                      start - info.base_offset, stop - start)
+                                      info.base_offset, start, stop)
             except SegmentClosedError:
                 heapq.heappush(lane.released, (start, stop))
                 continue
