@@ -26,7 +26,7 @@ from txmq.errors import (InvalidArgumentError, InvalidMessageError, InvalidTxnSt
                          ProducerFencedError)
 from txmq.message import MessageId
 
-LONG = 60_000          # a linger_ms no test waits for: only size, offset, flush and close append
+from batching import LONG, batches, disk_full, run_threads
 
 
 @pytest.fixture
@@ -34,12 +34,6 @@ def broker(tmp_path):
     b = txmq.Broker(tmp_path / "data", fsync="never", linger_ms=LONG)
     yield b
     b.close()
-
-
-def batches(broker, topic="t", partition=0):
-    """(base offset, count, transactional) of every batch in the partition."""
-    p = broker._topics[topic].partitions[partition]
-    return [(i.base_offset, i.count, i.is_transactional) for i in p.headers(0, p.end_offset)]
 
 
 def values(broker, topic="t", name="check"):
@@ -180,12 +174,7 @@ def test_a_failed_append_is_raised_by_the_ids_the_flush_and_later_sends(broker, 
     broker.create_topic("t", 1)
     p = broker.producer("t", batching=True)
     mid = p.send(b"x")
-    part = broker._topics["t"].partitions[0]
-
-    def full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(part, "append", full)
+    disk_full(monkeypatch, broker._topics["t"].partitions[0])
     with pytest.raises(OSError):
         p.flush()
     monkeypatch.undo()
@@ -329,21 +318,15 @@ def test_threads_sharing_a_producer_lose_nothing_and_keep_their_order(tmp_path):
     with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=1, batch_bytes=2048) as b:
         b.create_topic("t", 1)
         p = b.producer("t", batching=True)
-        start = threading.Barrier(4)
 
         def sender(k):
-            start.wait()
             for i in range(3000):
                 p.send(b"%d-%d" % (k, i))
                 if i % 500 == 0:
                     with b.transaction() as txn:
                         p.send(b"txn-%d-%d" % (k, i), txn=txn)
 
-        threads = [threading.Thread(target=sender, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads(sender, 4)
         p.flush()
         got = [v for v in values(b) if not v.startswith(b"txn")]
         assert sorted(got) == sorted(b"%d-%d" % (k, i) for k in range(4) for i in range(3000))
@@ -366,11 +349,7 @@ def test_threads_filling_batches_of_a_few_messages_lose_none(tmp_path):
             for i in range(3000):
                 ids[k].append(p.send((b"%d-%d-" % (k, i)).ljust(600, b"x")))
 
-        threads = [threading.Thread(target=sender, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads(sender, 4)
         p.flush()
         assert all(type(m) is PendingMessageId for k in ids for m in ids[k])
         assert b.high_watermark("t", 0) == 12_000

@@ -15,7 +15,7 @@ from txmq.errors import (InvalidArgumentError, InvalidMessageError, InvalidTxnSt
                          ProducerFencedError, TopicNotFoundError, TransactionTimeoutError)
 from txmq.message import MessageId
 
-LONG = 60_000          # linger_ms no test waits for: only fill, offset, flush and commit append
+from batching import LONG, batches, disk_full
 
 
 @pytest.fixture
@@ -23,12 +23,6 @@ def broker(tmp_path):
     b = txmq.Broker(tmp_path / "data", fsync="never", linger_ms=LONG)
     yield b
     b.close()
-
-
-def batches(broker, topic="t", partition=0):
-    """(base offset, count, transactional) of every batch in the partition."""
-    p = broker._topics[topic].partitions[partition]
-    return [(i.base_offset, i.count, i.is_transactional) for i in p.headers(0, p.end_offset)]
 
 
 def drain(consumer):
@@ -222,12 +216,7 @@ def test_a_failed_append_fails_the_commit_which_aborts(broker, monkeypatch):
     txn = broker.new_transaction()
     mid = p.send(b"x", partition=0, txn=txn)
     q.send(b"y", partition=0, txn=txn)
-    part = broker._topics["t"].partitions[0]
-
-    def full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(part, "append", full)
+    disk_full(monkeypatch, broker._topics["t"].partitions[0])
     with pytest.raises(OSError):
         txn.commit()
     assert txn.state == "ABORTED"
