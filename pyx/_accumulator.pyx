@@ -83,12 +83,6 @@ cdef class SendAccumulator:
         self.nbytes = 0
 
     @property
-    def full(self):
-        """The open batch reached ``batch_bytes`` (or ``MAX_COUNT``
-        messages): append it now."""
-        return self.nbytes >= self.batch_bytes or self.count >= MAX_COUNT
-
-    @property
     def batches(self):
         """How many batches were appended."""
         return len(self.bases)

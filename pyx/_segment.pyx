@@ -60,7 +60,8 @@ from txmq._segment_file import SegmentClosedError
 from txmq._sparse_index cimport SparseIndex
 from txmq._quarantine cimport QuarantineRanges
 from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, batch_info,
-                          decode_batch, arrow_views, arrow_record_batch)
+                          decode_batch)
+from txmq._arrow_batch cimport arrow_views, arrow_record_batch
 
 cdef enum:
     IOV_MAX_PIECES = 1024   # POSIX IOV_MAX on Linux
@@ -776,8 +777,8 @@ cdef class Segment(SegmentFile):
         """Messages ``first`` .. ``first + n - 1`` of the batch at ``pos`` as
         a ``pyarrow.RecordBatch`` (key, value, offset, event_time,
         publish_time; ``topic`` and ``partition`` in the schema's metadata:
-        ``txmq._batch.record_batch_schema``), its key and value columns
-        views of the mapping (``txmq._batch.arrow_record_batch``)."""
+        ``txmq._arrow_batch.record_batch_schema``), its key and value columns
+        views of the mapping (``txmq._arrow_batch.arrow_record_batch``)."""
         cdef Sections s
         self._pin()
         try:

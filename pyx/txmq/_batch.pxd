@@ -76,6 +76,4 @@ cdef object batch_info(const char *p, Py_ssize_t pos)
 cdef list decode_batch(const char *p, Sections s, object path, Py_ssize_t pos, int64_t from_offset,
                        Py_ssize_t limit, object id_type, str topic, int partition, object txn_id,
                        bint as_messages)
-cdef dict arrow_views(object buffer, const char *p, Sections s, object path, Py_ssize_t pos)
-cdef object arrow_record_batch(object buffer, const char *p, Sections s, object path, Py_ssize_t pos,
-                               Py_ssize_t first, Py_ssize_t n, str topic, int partition)
+cdef bint offsets_sound(const char *offsets, int32_t count, Py_ssize_t total) noexcept nogil

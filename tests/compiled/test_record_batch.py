@@ -14,7 +14,7 @@ import pytest
 
 from txmq._batch import BatchSpec
 from txmq._segment import Segment
-from txmq._batch import record_batch_schema
+from txmq._arrow_batch import record_batch_schema
 
 
 def new_segment(tmp_path, capacity=1 << 20):

@@ -269,9 +269,9 @@ class Producer:
                          None if event_time is None else [event_time])
         if self._plain:
             self._flush_partition(p)
-        elif self._accs:              # (_flush_txn_batch's test, inline: a plain send of a producer
-            acc = self._accs.get(p)   # that also sends in transactions)
-            if acc is not None and acc.pending and acc.meta.state is TxnState.OPEN:
+        elif self._accs:              # (a plain send of a producer that also sends in transactions:
+            acc = self._accs.get(p)   # one call only when a batch of its is pending there)
+            if acc is not None and acc.pending:
                 self._flush_txn_batch(p)
         try:
             if txn is None and self._owner is None:

@@ -9,7 +9,7 @@ import time
 import weakref
 
 
-from txmq._batch import record_batch_schema
+from txmq._arrow_batch import record_batch_schema
 from txmq._segment import SegmentClosedError
 from txmq.dispatch import lane_invariant
 from txmq.dispatch.lanes import _Lane
