@@ -13,7 +13,9 @@ acknowledged; "about to" lines (``C``, ``AB``, ``W``) come before the call.
 ``agg`` subscriptions of A1 and A2 deliver, sends one aggregate per input
 topic to B (A1's to B/0, A2's to B/1), acknowledges the inputs and commits,
 all in one transaction. Each aggregate names the inputs it covers (see
-:func:`make_output`). Lines:
+:func:`make_output`). Two receives in five take the Arrow path
+(``receive_batch``, then ``ack(batch, txn=)`` of that batch), in ``cppo``
+too. Lines:
 
     T <step> <txn>        a transaction began for this step
     S <step>              its aggregates were sent
@@ -92,6 +94,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers"))
 from worker_io import Out  # noqa: E402
@@ -146,6 +149,42 @@ def make_output(run: int, step: int, txn: str, part: int, nparts: int, src: str,
     }, separators=(",", ":")).encode()
 
 
+class Row(NamedTuple):
+    """A message of a received RecordBatch, as the aggregates and the lines use it."""
+    partition: int
+    offset: int
+    value: bytes
+
+
+class BatchReceived(list):
+    """The rows of one ``receive_batch`` (a run of one partition), with the
+    batch itself: the worker acknowledges it whole, ``ack(batch, txn=)``."""
+
+    def __init__(self, batch):
+        partition = int(batch.schema.metadata[b"partition"])
+        super().__init__(Row(partition, o, v) for o, v in zip(batch.column("offset").to_pylist(),
+                                                              batch.column("value").to_pylist()))
+        self.batch = batch
+
+
+def receive(consumer, rng: random.Random) -> list:
+    """A few inputs: ``receive_many``, or (two times in five) the Arrow path,
+    ``receive_batch``."""
+    if rng.random() < 0.4:
+        batch = consumer.receive_batch(rng.randint(1, 6), timeout=0.02)
+        return [] if batch is None else BatchReceived(batch)
+    return consumer.receive_many(rng.randint(1, 6), timeout=0.02)
+
+
+def ack_inputs(consumer, ms: list, txn, rng: random.Random) -> None:
+    """Acknowledge what one receive gave, in ``txn``: a received batch
+    whole, messages as a list or (one) alone."""
+    if isinstance(ms, BatchReceived):
+        consumer.ack(ms.batch, txn=txn)
+    else:
+        consumer.ack(ms if len(ms) > 1 or rng.random() < 0.5 else ms[0], txn=txn)
+
+
 def input_steps(cons: dict, rng: random.Random, out: Out, finished=lambda: True, received=None):
     """The consume side of consume-process-produce: receive from every
     input subscription (``received(got)`` is told each time) and yield
@@ -153,7 +192,7 @@ def input_steps(cons: dict, rng: random.Random, out: Out, finished=lambda: True,
     nothing came five times in a row and ``finished()``: then print DONE."""
     step = idle = 0
     while True:
-        got = {t: cons[t].receive_many(rng.randint(1, 6), timeout=0.02) for t in IN_TOPICS}
+        got = {t: receive(cons[t], rng) for t in IN_TOPICS}
         if received is not None:
             received(got)
         if not any(got.values()):
@@ -208,6 +247,9 @@ def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) ->
         if stage == "send_ack" and step == nth:
             die()
         for t, ms in got.items():
+            if isinstance(ms, BatchReceived):
+                ack_inputs(cons[t], ms, txn, rng)
+                continue
             by_partition = {}
             for m in ms:
                 by_partition.setdefault(m.partition, []).append(m)
@@ -218,7 +260,7 @@ def cpp(broker, out: Out, run: int, rng: random.Random, stage: str, nth: int) ->
                 if rng.random() < 0.3:
                     cons[t].ack_cumulative(pms[-1], txn=txn)
                 else:
-                    cons[t].ack(pms if len(pms) > 1 or rng.random() < 0.5 else pms[0], txn=txn)
+                    ack_inputs(cons[t], pms, txn, rng)
         out.line(f"A {step}")
         if stage == "ack_commit" and step == nth:
             die()
@@ -297,7 +339,7 @@ def cppo(broker, out: Out, run: int, rng: random.Random) -> None:
         out.line(f"S {step}")
         for t, ms in got.items():
             if ms:
-                cons[t].ack(ms if len(ms) > 1 or rng.random() < 0.5 else ms[0], txn=txn)
+                ack_inputs(cons[t], ms, txn, rng)
         out.line(f"A {step}")
         commit_step(out, step, txn)
 
