@@ -8,7 +8,6 @@ import logging
 import time
 import weakref
 
-
 from txmq._arrow_batch import record_batch_schema
 from txmq._segment import SegmentClosedError
 from txmq.dispatch import lane_invariant
@@ -37,11 +36,11 @@ class ArrowDelivery:
                     batch = None
                     if lane.released and not (lane.redeliver and lane.redeliver[0][0] <= now
                                               and lane.redeliver[0][1] < lane.released[0][0]):
-                        batch = self._released_batch(lane, consumer, max_messages, now, pa)
+                        batch = self._released_batch(lane, consumer, max_messages, now)
                     if batch is None:
                         batch = self._redelivered_batch(lane, consumer, max_messages, now, pa)
                     if batch is None:
-                        batch = self._take_arrow(lane, consumer, max_messages, now, pa)
+                        batch = self._take_arrow(lane, consumer, max_messages, now)
                     if lane_invariant.DEBUG:
                         lane_invariant.changed(lane)
                     if batch is not None:
@@ -70,7 +69,7 @@ class ArrowDelivery:
              pa.array([m.publish_time for m in msgs], pa.timestamp("ms"))],
             schema=record_batch_schema(self.topic.name, lane.partition.index))
 
-    def _take_arrow(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
+    def _take_arrow(self, lane: _Lane, consumer, max_messages: int, now: float):
         if lane.buf_i < len(lane.buffer):
             # Hand the buffered run back to the log.
             lane.read_offset = lane.buffer[lane.buf_i].offset
@@ -98,7 +97,7 @@ class ArrowDelivery:
                 if held > 0:
                     end = min(end, held)
             try:
-                batch = _record_batch(pa, self.topic.name, lane.partition.index, lane.seg, lane.pos,
+                batch = _record_batch(self.topic.name, lane.partition.index, lane.seg, lane.pos,
                                       info.base_offset, start, end)
             except SegmentClosedError:
                 lane.seg = None
@@ -109,7 +108,7 @@ class ArrowDelivery:
         return None
 
 
-def _record_batch(pa, topic: str, partition: int, seg, pos: int, base: int, start: int, end: int):
+def _record_batch(topic: str, partition: int, seg, pos: int, base: int, start: int, end: int):
     """Offsets ``start`` .. ``end - 1`` of the batch of base offset ``base``
     at ``pos`` of ``seg`` as a RecordBatch whose key and value columns are
     views of the mapping, built in one compiled call

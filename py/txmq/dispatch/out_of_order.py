@@ -140,13 +140,13 @@ class OutOfOrderDelivery:
             self._deliver(lane, consumer, range(start, msgs[-1].offset + 1), now)
             out += msgs
 
-    def _released_batch(self, lane: _Lane, consumer, max_messages: int, now: float, pa):
+    def _released_batch(self, lane: _Lane, consumer, max_messages: int, now: float):
         """The first unsettled run of the released spans as a RecordBatch
         over the mapped segment (no copy), or None."""
         while (run := self._next_released(lane, max_messages)) is not None:
             seg, pos, info, start, stop = run
             try:
-                batch = _record_batch(pa, self.topic.name, lane.partition.index, seg, pos,
+                batch = _record_batch(self.topic.name, lane.partition.index, seg, pos,
                                       info.base_offset, start, stop)
             except SegmentClosedError:
                 heapq.heappush(lane.released, (start, stop))
