@@ -189,15 +189,18 @@ def input_steps(cons: dict, rng: random.Random, out: Out, finished=lambda: True,
     """The consume side of consume-process-produce: receive from every
     input subscription (``received(got)`` is told each time) and yield
     ``(step, {topic: messages})`` for each receive that got any, until
-    nothing came five times in a row and ``finished()``: then print DONE."""
+    nothing came five times in a row and ``finished()``: then print DONE.
+    (``finished()`` is asked before the receives: a feeder's last commit,
+    returned by then, is visible to them.)"""
     step = idle = 0
     while True:
+        done = finished()
         got = {t: receive(cons[t], rng) for t in IN_TOPICS}
         if received is not None:
             received(got)
         if not any(got.values()):
             idle += 1
-            if idle >= 5 and finished():
+            if idle >= 5 and done:
                 out.line("DONE")
                 return
             continue
