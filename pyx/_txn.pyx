@@ -510,12 +510,15 @@ cdef class PendingAckTable:
 
     Offsets recorded since the caller last took them (:meth:`take_unlogged`)
     are *unlogged*: held in memory, not yet in the pending-ack log. The
-    caller frames them once per transaction, before its decision.
+    caller frames them when a prepare or a flush asks (a commit's decision
+    record names them instead); :meth:`framed` says whether any ack of a
+    transaction is in the log.
     """
     cdef Py_ssize_t debug_changes, debug_next     # changes seen by the debug checks; the next checked
     cdef dict sets           # txn -> AckSet of its individual acks
     cdef dict cumulative     # txn -> offset (everything at or below it)
     cdef dict unlogged       # txn -> [offset, ...] recorded, not yet taken for the log
+    cdef set framed_txns     # transactions with acks in the log (taken for it, replayed or cumulative)
     cdef AckSet held         # every individual offset held
     cdef Py_ssize_t n_held   # offsets in ``held``
     cdef object last_txn     # a one-entry cache of sets: the transaction acking now ...
@@ -527,6 +530,7 @@ cdef class PendingAckTable:
         self.sets = {}
         self.cumulative = {}
         self.unlogged = {}
+        self.framed_txns = set()
 
     def __len__(self):
         return self.n_held + len(self.cumulative)
@@ -739,6 +743,9 @@ cdef class PendingAckTable:
         return n
 
     def add_cumulative(self, txn, int64_t offset):
+        """Hold everything up to and including ``offset`` in ``txn`` (framed
+        in the log by the caller before)."""
+        self.framed_txns.add(txn)
         if offset > self.cumulative.get(txn, -1):
             self.cumulative[txn] = offset
         if DEBUG:
@@ -762,6 +769,7 @@ cdef class PendingAckTable:
         ranges = self.ranges_of(txn)
         s = self.sets.pop(txn, None)
         self.unlogged.pop(txn, None)
+        self.framed_txns.discard(txn)
         if txn is self.last_txn or txn == self.last_txn:
             self.last_txn = self.last_set = self.last_unlogged = None
         if s is not None:
@@ -780,9 +788,15 @@ cdef class PendingAckTable:
         if not u:
             return None
         self.unlogged[txn] = []
+        self.framed_txns.add(txn)
         if txn is self.last_txn:
             self.last_unlogged = self.unlogged[txn]
         return np.asarray(u, np.int64)
+
+    def framed(self, txn):
+        """Whether some ack of ``txn`` is in the pending-ack log (its end
+        then needs a COMMIT or ABORT frame there)."""
+        return txn in self.framed_txns
 
     def has_unlogged(self, txn):
         """Whether ``txn`` recorded offsets not yet taken for the log."""
@@ -797,6 +811,8 @@ cdef class PendingAckTable:
         into a snapshot of it)."""
         for t in list(self.unlogged):
             self.unlogged[t] = []
+        self.framed_txns.update(self.sets)
+        self.framed_txns.update(self.cumulative)
         self.last_txn = self.last_set = self.last_unlogged = None
 
 

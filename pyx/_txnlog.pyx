@@ -20,6 +20,7 @@ TC_PRODUCER = 9          # a transactional id's (producer id, epoch)
 TC_DECIDED = 10          # COMMITTING with what the commit covers (txmq.transactions.decision)
 TC_PREPARED = 11         # PREPARED: durable, held until commit_prepared / abort_prepared; names what it covers
 TC_FORGET = 12           # the outcome of an ended prepared transaction is no longer kept
+TC_RESERVE = 13          # u64 end: sequences below it may have been handed out (synced before they are)
 # Frame types of the producer registry (producers.log).
 PR_BLOCK, PR_NAME = 2, 3
 # Frame types of a pending-ack log.
@@ -43,7 +44,8 @@ cdef tuple _read_txn(Reader r):
 def replay_coordinator(frames, path=None, records=None, prepared=None):
     """State of a coordinator log from its frames (the last SNAPSHOT on).
 
-    Returns ``(next_lo, txns, tids)``: the lowest sequence word never used,
+    Returns ``(next_lo, txns, tids)``: the lowest sequence word never used
+    (nor reserved by a RESERVE frame),
     ``{(hi, lo): [state, timeout_ms, start_ms, partitions, subscriptions]}``
     with ``partitions`` a set of (topic, partition) and ``subscriptions`` a
     set of (topic, subscription), each None when empty, and ``{transactional
@@ -161,6 +163,10 @@ def replay_coordinator(frames, path=None, records=None, prepared=None):
             _decision_of(r, key, records)
         elif kind == TC_FORGET:
             kept.pop(_read_txn(r), None)
+        elif kind == TC_RESERVE:
+            lo = r.u64()
+            if lo > next_lo:
+                next_lo = lo
         elif kind == TC_COMMITTED or kind == TC_ABORTED:
             key, entry = _keyed_entry(txns, r)
             entry[0] = COMMITTED if kind == TC_COMMITTED else ABORTED

@@ -1,7 +1,8 @@
 """Acks inside a transaction, one message at a time (``ack(m, txn=)``):
 conflicts are refused by the ack itself (G7), the pending-ack log gets one
-frame per transaction and partition, before the decision, and the ranges
-a transaction acked are there for the coordinator to read."""
+frame per transaction and partition when a flush (or a prepare) asks and
+none for a commit, and the ranges a transaction acked are there for the
+coordinator to read."""
 
 from __future__ import annotations
 
@@ -58,20 +59,35 @@ def test_conflicts_are_refused_by_the_ack_itself(broker):
         c.ack(ms[0], txn=broker.new_transaction())
 
 
-def test_the_pending_ack_log_gets_one_frame_per_transaction_and_partition(broker):
+def test_a_commit_frames_no_ack_in_the_pending_ack_log(broker):
     c, ms = fed(broker)
     txn = broker.new_transaction()
     before = len(frames(broker))
     for m in ms[:10]:
         c.ack(m, txn=txn)
-    assert len(frames(broker)) == before      # held in memory until the commit
+    assert len(frames(broker)) == before      # held in memory
     pa = broker._topics["in"].subscriptions["s"].pending_acks
     assert pa.txn_ack_ranges(txn.id) == [[(0, 10)]]
-    txn.commit()
+    txn.commit()                              # the decision record names them: no frame here
+    assert pa.txn_ack_ranges(txn.id) == [[]]
+    pa.flush()                                # (the cursor's sync; no COMMIT frame is owed)
+    assert frames(broker)[before:] == []
+    assert broker.stats()["topics"]["in"]["subscriptions"]["s"]["partitions"][0]["mark_delete"] == 10
+
+
+def test_a_flushed_transaction_gets_one_ack_frame_per_partition_and_its_commit_frame(broker):
+    c, ms = fed(broker)
+    txn = broker.new_transaction()
+    before = len(frames(broker))
+    for m in ms[:10]:
+        c.ack(m, txn=txn)
+    txn.flush()
     acks = [p for t, p in frames(broker)[before:] if t == PA_ACK]
     assert len(acks) == 1                      # the 10 offsets in one frame
-    assert pa.txn_ack_ranges(txn.id) == [[]]
+    txn.commit()
     # The COMMIT frame follows the cursor's sync (the coordinator's flush).
+    pa = broker._topics["in"].subscriptions["s"].pending_acks
+    assert [t for t, _ in frames(broker)[before:]] == [PA_ACK]
     pa.flush()
     assert [t for t, _ in frames(broker)[before:]] == [PA_ACK, PA_COMMIT]
     assert broker.stats()["topics"]["in"]["subscriptions"]["s"]["partitions"][0]["mark_delete"] == 10

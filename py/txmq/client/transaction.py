@@ -62,15 +62,15 @@ class Transaction:
         belongs to a transactional producer a newer instance replaced.
 
         First the batches of its one-message sends still accumulating are
-        appended and its acks written to the pending-ack logs: an error
-        doing so (a partition deleted meanwhile, a full disk) aborts the
-        transaction and is raised here."""
+        appended (its acks need no write: the decision record names them):
+        an error doing so (a partition deleted meanwhile, a full disk)
+        aborts the transaction and is raised here."""
         if self._broker._closed:
             self._broker._check_open()
         meta = self._meta
         if meta.owner is not None:
             meta.check_owner()
-        self._before_decision()
+        self._before_decision(False)
         self._coordinator.end(meta, True)
 
     def prepare(self, xid: str | None = None) -> None:
@@ -106,19 +106,21 @@ class Transaction:
         meta = self._meta
         if meta.owner is not None:
             meta.check_owner()
-        self._before_decision()
+        self._before_decision(True)
         self._coordinator.prepare(meta, xid)
 
-    def _before_decision(self) -> None:
-        """What a commit does before its decision is built: append the
-        batches still accumulating (so the decision record names them) and
-        frame the acks in the pending-ack logs. A failure aborts the
-        transaction and is raised."""
+    def _before_decision(self, frame_acks: bool) -> None:
+        """What a commit or a prepare does before its decision is built:
+        append the batches still accumulating (so the decision record
+        names them); a prepare (``frame_acks``) also frames the acks in
+        the pending-ack logs (a commit's decision record names them as
+        ranges, so they need no frame). A failure aborts the transaction
+        and is raised."""
         meta = self._meta
         if meta.state is not TxnState.OPEN:
             return                       # (the coordinator's end says why it cannot commit)
         error = self._broker._batching.finish(self) if self._accumulators else None
-        if error is None and meta.subscriptions:
+        if error is None and frame_acks and meta.subscriptions:
             try:
                 for acks in list(meta.subscriptions.values()):
                     acks.write_txn(meta.id)
@@ -130,19 +132,21 @@ class Transaction:
 
     def flush(self) -> None:
         """Append the batches of this transaction's one-message sends that
-        are still accumulating, and write its acks to the pending-ack logs,
-        now (what :meth:`commit` does first): a read_uncommitted reader, a
-        read-only view in another process (``txmq.readonly``) and a crash
-        then see them. Raises what an append raised; the transaction stays
-        open."""
+        are still accumulating (what :meth:`commit` does first), and write
+        its acks to the pending-ack logs and its subscriptions to its
+        coordinator's log, now: a read_uncommitted reader, a read-only view
+        in another process (``txmq.readonly``) and a crash then see them.
+        Raises what an append raised; the transaction stays open."""
         meta = self._meta
         if meta.owner is not None:
             meta.check_owner()
         meta.check_open("flush")
         for acc in list(self._accumulators):
             self._broker._batching.flush(acc)
-        for acks in list(meta.subscriptions.values()):
-            acks.write_txn(meta.id)
+        if meta.subscriptions:
+            self._coordinator.log_participants(meta)     # (inspection then names them)
+            for acks in list(meta.subscriptions.values()):
+                acks.write_txn(meta.id)
 
     def commit_async(self) -> Future:
         """Start the commit and return a ``concurrent.futures.Future`` at
@@ -160,15 +164,14 @@ class Transaction:
         future cannot be cancelled.
 
         As in :meth:`commit`, the batches of its one-message sends still
-        accumulating are appended and its acks written to the pending-ack
-        logs first (an error doing so aborts the transaction, through the
-        future)."""
+        accumulating are appended first (an error doing so aborts the
+        transaction, through the future)."""
         future = Future()
         future.set_running_or_notify_cancel()
         try:
             self._broker._check_open()
             self._meta.check_owner()
-            self._before_decision()
+            self._before_decision(False)
             self._coordinator.end(self._meta, True, future=future)
         except BaseException as e:
             future.set_exception(e)

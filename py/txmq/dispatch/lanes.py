@@ -28,7 +28,7 @@ class _Lane:
         self.redelivery_count: dict[int, int] = {}
         self.pending = pending             # PendingAckTable and pending-<p>.log: see pending_acks
         self.pending_log = pending_log
-        self.unsynced_commits: list = []   # committed txns whose COMMIT frame waits for a cursor sync
+        self.unsynced_commits: list = []   # committed txns whose COMMIT frame (None: none) waits for a cursor sync
         self.debug_changes = self.debug_next = 0   # lane_invariant's pacing under TXMQ_DEBUG
         self.lost_seen: set = set()        # lost (quarantined) runs already logged
         self.rewind(cursor.mark_delete)

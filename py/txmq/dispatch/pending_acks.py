@@ -3,9 +3,11 @@ from the subscription's dispatch as Pulsar keeps its pending-ack handle
 apart from the subscription.
 
 Per partition, the acks an open transaction holds are in the lane's
-:class:`~txmq._txn.PendingAckTable` and framed in ``pending-<p>.log``
-(frames in docs/FORMAT.md): ACK and CUMULATIVE when made, COMMIT (after the
-cursor frames it applied are synced) and ABORT when the transaction ends.
+:class:`~txmq._txn.PendingAckTable`, and framed in ``pending-<p>.log``
+(frames in docs/FORMAT.md) only when asked (ACK: ``Transaction.flush``, a
+prepare, close; CUMULATIVE when made): a commit's decision record names
+them instead. A transaction framed here gets COMMIT (after the cursor
+frames it applied are synced) or ABORT when it ends.
 Opening replays the log into the table (:func:`open_pending_log`).
 
 :class:`PendingAcks` is the transaction participant for a subscription's
@@ -106,7 +108,7 @@ class PendingAcks:
                                                                 lane.cursor.acked)
                 self._refuse_conflict(meta, lane, conflict)
             for lane, offsets in checked:
-                # Logged once per transaction and lane, before its decision (write_txn).
+                # (framed only if a flush or a prepare asks: write_txn)
                 if type(offsets) is range:
                     k = lane.pending.add_range(meta.id, offsets.start, offsets.stop)
                     if k:
@@ -126,8 +128,8 @@ class PendingAcks:
     def ack_one(self, meta, topic, partition, offset) -> None:
         """:meth:`ack_txn` of one message, given by the fields of its id
         (no id tuple is built): ``ack(m, txn=)``, the README's loop. The
-        compiled ``ack_in`` records it (the log gets it with the rest of
-        the transaction's acks, :meth:`write_txn`); this raises what is
+        compiled ``ack_in`` records it (in memory: :meth:`write_txn`
+        frames it if a flush or a prepare asks); this raises what is
         wrong with the id, registers the subscription with the transaction
         on its first ack here, and raises why ``ack_in`` refused."""
         sub = self.subscription
@@ -153,9 +155,9 @@ class PendingAcks:
 
     def write_txn(self, txn_id) -> None:
         """Frame the acks ``txn_id`` made here that are not in the
-        pending-ack logs yet: one ACK frame per lane, before the
-        transaction's decision (``Transaction.commit``), so that recovery
-        can redo a decided commit."""
+        pending-ack logs yet: one ACK frame per lane, when
+        ``Transaction.flush`` or a prepare asks (a commit needs none: its
+        decision record names them)."""
         sub = self.subscription
         with sub.lock:
             if sub.closed:
@@ -185,7 +187,9 @@ class PendingAcks:
         if sub.type == "shared":
             raise SubscriptionTypeError(sub.name, sub.type, "exclusive or failover (ack_cumulative)")
         lane = sub._lane_of(message_id)
-        sub.broker._coordinator_of(meta).register_subscription(meta, self)
+        coordinator = sub.broker._coordinator_of(meta)
+        coordinator.register_subscription(meta, self)
+        coordinator.log_participants(meta)      # (before its CUMULATIVE frame)
         with sub.cond:
             meta.check_open("acknowledge")
             self._refuse_conflict(meta, lane, lane.pending.conflict_cumulative(
@@ -284,11 +288,10 @@ class PendingAcks:
                 cumulative = lane.pending.peek_cumulative(txn_id)
                 if not ranges and cumulative < 0:
                     continue
+                framed = lane.pending.framed(txn_id)
                 if commit:
-                    if lane.pending.has_unlogged(txn_id):
-                        # An ack that raced the commit from another thread
-                        # reaches the log before the cursor.
-                        self._write_lane(lane, txn_id)
+                    # (acks never framed here need no frame now: the
+                    # decision record names them all)
                     # Cursor frames stay in the page cache, and the COMMIT
                     # frame waits until they are synced (flush): until
                     # then the pending-ack log and the coordinator's decision
@@ -321,9 +324,9 @@ class PendingAcks:
                                 and not (len(pending) and pending.is_pending(off)) and off not in outstanding):
                             counts[off] = counts.get(off, 0) + 1
                             heapq.heappush(redeliver, (0.0, off))
-                if commit:
-                    lane.unsynced_commits.append(frame)
-                else:
+                if commit:      # (None: nothing to frame, the cursor's sync is still owed)
+                    lane.unsynced_commits.append(frame if framed else None)
+                elif framed:
                     lane.pending_log.append(PA_ABORT, frame)
                 if lane.pending_log.compact_due(COMPACT_FRAMES):
                     self.sync_commits(lane)
@@ -351,5 +354,7 @@ class PendingAcks:
             return
         if not lane.cursor.log.closed:
             lane.cursor.log.sync()
-        lane.pending_log.append_many([(PA_COMMIT, f) for f in lane.unsynced_commits])
+        frames = [(PA_COMMIT, f) for f in lane.unsynced_commits if f is not None]
+        if frames:
+            lane.pending_log.append_many(frames)
         lane.unsynced_commits = []

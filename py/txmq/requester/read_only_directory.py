@@ -78,6 +78,7 @@ from txmq.storage.log import offset_for_time, segment_budget
 from txmq.storage.topic import Topic
 from txmq.options import open_files_option
 from txmq.storage.txnbuffer import replay_txn_header
+from txmq.transactions import decision
 from txmq.transactions.records import TxnID
 
 log = logging.getLogger("txmq.readonly")
@@ -825,11 +826,15 @@ class ReadOnlyDirectory:
             frames = _read_redo(path)
             if frames is None:
                 continue
-            prepared = {}
-            _, txns, _ = replay_coordinator(frames, path, None, prepared)   # a bad frame: CorruptLogError
+            prepared, records = {}, {}
+            _, txns, _ = replay_coordinator(frames, path, records, prepared)   # a bad frame: CorruptLogError
             for (hi, lo), (state, timeout_ms, start_ms, parts, subs) in txns.items():
                 if state in (COMMITTED, ABORTED):
                     continue
+                if (hi, lo) in records:        # (a decision names what it covers: a commit logs no ADD_SUBSCRIPTION)
+                    covered = decision.decode(records[(hi, lo)], path)
+                    parts = set(parts or ()) | set(covered.partitions)
+                    subs = set(subs or ()) | {(a.topic, a.subscription) for a in covered.acks}
                 entry = {"id": str(TxnID.from_words(hi, lo)), "state": names[state],
                          "timeout_ms": timeout_ms, "started_ms": start_ms,
                          "partitions": sorted(f"{t}/{p}" for t, p in parts or ()),

@@ -17,6 +17,13 @@ has the frames) and a timeout tracker. Ending a transaction is two-phase:
    is retried by the broker's scheduler until it succeeds;
 4. the final COMMITTED / ABORTED record; the transaction is forgotten.
 
+Beginning writes nothing (sequences come from synced RESERVE blocks). A
+transaction's BEGIN goes out in the write of its first other frame:
+ADD_PARTITION before its first append somewhere, else its DECIDED or
+PREPARED frame, or the ADD_SUBSCRIPTION frames :meth:`log_participants`
+writes before its acks are framed. One that never wrote a frame aborts
+without any (``TxnMeta.logged``).
+
 Concurrent commits share the flush of step 2 (whoever syncs covers every
 frame written before); :meth:`TransactionCoordinator.end` with a future
 queues steps 2 (its sync) to 4 for the coordinator's flusher thread, so one
@@ -45,7 +52,7 @@ from txmq import crashpoints
 from txmq._redolog import RedoLog
 from txmq._txnlog import (ABORTED, ABORTING, COMMITTED, COMMITTING, OPEN, PREPARED, TC_ABORTED, TC_ABORTING,
                           TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING, TC_DECIDED,
-                          TC_FORGET, TC_PREPARED, TC_PRODUCER, encode_coordinator_snapshot, encode_prepared,
+                          TC_FORGET, TC_PREPARED, TC_PRODUCER, TC_RESERVE, encode_coordinator_snapshot, encode_prepared,
                           encode_producer, encode_text, pack_txn, replay_coordinator)
 from txmq.errors import BrokerClosedError, InvalidTxnStateError
 from txmq.transactions import decision
@@ -66,7 +73,14 @@ LIVE_FRAMES = 16
 # ~40 commits of the README's loop. 512 KiB, written from the first append
 # after an open or a compaction, keeps an idle coordinator's log small.
 PREALLOCATE_BYTES = 512 * 1024
+# Sequences are handed out from blocks of this many, each block's RESERVE
+# frame synced (unless fsync="never") before its first sequence is used. A
+# transaction then needs no frame of its own until it first reaches a
+# partition's files or decides, and no sequence is handed out twice,
+# whatever a crash kept of the log: opening resumes past the last block.
+RESERVE_BLOCK = 1024
 _TIMES = struct.Struct("<qq")
+_RESERVE = struct.Struct("<Q")
 # The outcomes of ended prepared transactions a log keeps until they are
 # forgotten (forget_prepared): past this many, compaction drops the oldest.
 PREPARED_OUTCOMES_MAX = 10_000
@@ -94,6 +108,7 @@ class TransactionCoordinator:
         self.txns: dict[TxnID, TxnMeta] = {}
         self.tids: dict[str, tuple] = {}   # transactional id -> (producer id, epoch)
         self.next_seq = 1
+        self.reserved = 0                  # sequences below it are reserved by a RESERVE frame this object wrote
         self._timeouts: list = []          # heap of (deadline, sequence)
         self._touched: dict = {}           # participants that applied outcomes since the last compaction
         self._retry: dict[TxnID, tuple] = {}  # transactions whose fan-out must be retried
@@ -161,18 +176,60 @@ class TransactionCoordinator:
         start = now_ms()
         with self.lock:
             seq = self.next_seq
+            if seq >= self.reserved:
+                self._reserve(seq + RESERVE_BLOCK)
             self.next_seq += 1
             meta = TxnMeta(TxnID(self.id, seq), timeout, start, time.monotonic() + timeout)
             meta.owner = owner
-            self.log.append(TC_BEGIN, pack_txn(*meta.words) + _TIMES.pack(int(timeout * 1000), start))
+            # (no frame yet: BEGIN goes out with the transaction's first, _log_with_begin)
             self.txns[meta.id] = meta
             heapq.heappush(self._timeouts, (meta.deadline, seq))
             if len(self._timeouts) > 2 * len(self.txns) + 1024:
                 self._timeouts = [(m.deadline, m.id.sequence) for m in self.txns.values()]
                 heapq.heapify(self._timeouts)
             self.stats["begun"] += 1
-            self._maybe_compact()
         return meta
+
+    def _reserve(self, end: int) -> None:
+        """Reserve the sequences below ``end``: a RESERVE frame, synced
+        (coordinator lock held)."""
+        self.log.append(TC_RESERVE, _RESERVE.pack(end))
+        self.log.sync_to(self.log.written)
+        self.reserved = end
+
+    def _log_with_begin(self, meta: TxnMeta, frames: list) -> None:
+        """Append ``frames`` of ``meta`` in one write, led by its BEGIN if
+        the log does not have it yet (coordinator lock held)."""
+        if not meta.logged:
+            frames = [(TC_BEGIN, pack_txn(*meta.words) + _TIMES.pack(int(meta.timeout * 1000), meta.start_ms))
+                      ] + frames
+        if len(frames) == 1:
+            self.log.append(*frames[0])
+        else:
+            self.log.append_many(frames)
+        meta.logged = True
+
+    def _unlogged_subscriptions(self, meta: TxnMeta) -> tuple:
+        """``(keys, frames)``: the subscriptions of ``meta`` the log does not
+        name yet and their ADD_SUBSCRIPTION frames (coordinator lock held;
+        the caller counts them named once the frames are written)."""
+        keys = [k for k in list(meta.subscriptions) if k not in meta.logged_subs]
+        return keys, [(TC_ADD_SUBSCRIPTION, pack_txn(*meta.words) + encode_text(t) + encode_text(n))
+                      for t, n in keys]
+
+    def log_participants(self, meta: TxnMeta) -> None:
+        """Log ``meta`` (BEGIN) and the subscriptions it acknowledged on
+        that the log does not name yet (ADD_SUBSCRIPTION), before its acks
+        are framed in pending-ack logs (``Transaction.flush``, a cumulative
+        ack). A transaction no longer open is left alone."""
+        with meta.lock:
+            if meta.state is not TxnState.OPEN:
+                return
+            with self.lock:
+                keys, frames = self._unlogged_subscriptions(meta)
+                if frames:
+                    self._log_with_begin(meta, frames)
+                    meta.logged_subs.update(keys)
 
     def register_partition(self, meta: TxnMeta, partition) -> None:
         """ADD_PARTITION, logged before the transaction's first append there."""
@@ -182,21 +239,21 @@ class TransactionCoordinator:
             if meta.partitions.get(key) is partition:
                 return        # (a topic deleted and created again is a new participant)
             with self.lock:
-                self.log.append(TC_ADD_PARTITION, pack_txn(*meta.words) + encode_text(partition.topic)
-                                + struct.pack("<I", partition.index))
+                self._log_with_begin(meta, [(TC_ADD_PARTITION, pack_txn(*meta.words) + encode_text(partition.topic)
+                                             + struct.pack("<I", partition.index))])
             meta.partitions[key] = partition
 
     def register_subscription(self, meta: TxnMeta, subscription) -> None:
-        """ADD_SUBSCRIPTION, logged before the transaction's first ack there."""
+        """``subscription`` takes part in ``meta`` (before its first ack
+        there). Nothing is logged: the acks are in memory until the
+        decision record names them, or :meth:`log_participants` logs the
+        subscription before they are framed."""
         key = (subscription.topic.name, subscription.name)
         with meta.lock:
             meta.check_open("acknowledge")
-            if meta.subscriptions.get(key) is subscription:
-                return
-            with self.lock:
-                self.log.append(TC_ADD_SUBSCRIPTION, pack_txn(*meta.words) + encode_text(key[0])
-                                + encode_text(key[1]))
-            meta.subscriptions[key] = subscription
+            if meta.subscriptions.get(key) is not subscription:
+                meta.subscriptions[key] = subscription
+                meta.logged_subs.discard(key)     # (a subscription deleted and created again: named anew)
 
     # -- ending ----------------------------------------------------------------------
 
@@ -247,8 +304,8 @@ class TransactionCoordinator:
             return
         try:
             record = self._coverage(meta, participants)
-            with self.lock:            # step 2 but the sync: the DECIDED frame
-                self.log.append(TC_DECIDED, pack_txn(*meta.words) + record)
+            with self.lock:            # step 2 but the sync: the DECIDED frame (after BEGIN, in one write)
+                self._log_with_begin(meta, [(TC_DECIDED, pack_txn(*meta.words) + record)])
                 meta.decided = True
                 meta.record = record
                 mark = self.log.written
@@ -323,19 +380,28 @@ class TransactionCoordinator:
         try:
             prepared_ms = now_ms()
             record = self._coverage(meta, participants)
-            with self.lock:
-                self.log.append(TC_PREPARED, pack_txn(*meta.words) + encode_prepared(prepared_ms, xid, record))
+            with self.lock:   # (BEGIN and ADD_SUBSCRIPTION too, as restoring it needs them)
+                keys, frames = self._unlogged_subscriptions(meta)
+                self._log_with_begin(meta, frames + [
+                    (TC_PREPARED, pack_txn(*meta.words) + encode_prepared(prepared_ms, xid, record))])
+                meta.logged_subs.update(keys)
                 mark = self.log.written
+                # From here a snapshot keeps it PREPARED, with its record
+                # (_compact), as replaying the frame would.
+                meta.record = record
+                self.prepared[meta.words] = [prepared_ms, xid, PREPARED]
             if crashpoints.ARMED:
                 crashpoints.reached("txn.prepare_recorded")
             self.log.sync_to(mark)
         except BaseException:
+            with self.lock:
+                kept = self.prepared.get(meta.words)
+                if kept is not None and kept[2] == PREPARED:
+                    kept[2] = ABORTED      # (what replaying the log says after the abort below)
             self._prepare_failed(meta, participants)
             raise
         with self.lock:
-            meta.record = record
             meta.xid = xid
-            self.prepared[meta.words] = [prepared_ms, xid, PREPARED]
             self.stats["prepared"] += 1
         with meta.lock:
             meta.prepared_ms = prepared_ms
@@ -377,11 +443,13 @@ class TransactionCoordinator:
         meta.record = record
         meta.xid = xid
         meta.prepared_ms = prepared_ms
+        meta.logged = True
         for x in participants:
             if isinstance(x.topic, str):
                 meta.partitions[(x.topic, x.index)] = x
             else:
                 meta.subscriptions[x.key] = x
+                meta.logged_subs.add(x.key)
         with self.lock:
             self.txns[meta.id] = meta
         return meta
@@ -420,9 +488,12 @@ class TransactionCoordinator:
 
     def _abort(self, meta: TxnMeta, participants: list) -> None:
         """Steps 2 to 4 of an abort: ABORTING needs no sync (a transaction
-        without a durable decision is aborted by recovery anyway)."""
+        without a durable decision is aborted by recovery anyway), and a
+        transaction the log does not know (it never reached a partition's
+        files) needs no frame at all."""
         with self.lock:
-            self.log.append(TC_ABORTING, pack_txn(*meta.words))
+            if meta.logged:
+                self.log.append(TC_ABORTING, pack_txn(*meta.words))
             meta.decided = False
         if self._apply(meta.id, False, participants):
             self._finish(meta, False)
@@ -502,7 +573,8 @@ class TransactionCoordinator:
 
     def _finish(self, meta: TxnMeta, commit: bool) -> None:
         with self.lock:
-            self.log.append(TC_COMMITTED if commit else TC_ABORTED, pack_txn(*meta.words))
+            if meta.logged:
+                self.log.append(TC_COMMITTED if commit else TC_ABORTED, pack_txn(*meta.words))
             self.txns.pop(meta.id, None)
             self.stats["committed" if commit else "aborted"] += 1
             self._maybe_compact()
@@ -582,10 +654,10 @@ class TransactionCoordinator:
         live, records = {}, {}
         for meta in self.txns.values():
             state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING
-            if meta.decided is None and meta.prepared_ms is not None:
-                state = PREPARED
-            live[meta.words] = [state, int(meta.timeout * 1000), meta.start_ms,
-                                set(meta.partitions), set(meta.subscriptions)]
+            if meta.decided is None and meta.record is not None:
+                state = PREPARED               # (its PREPARED frame is written: prepare)
+            live[meta.words] = [state, int(meta.timeout * 1000), meta.start_ms, set(meta.partitions),
+                                set(meta.subscriptions)]
             if meta.record is not None and (meta.decided or state == PREPARED):
                 # Decided, not yet applied everywhere, or prepared: the
                 # snapshot keeps what it covers.
@@ -593,12 +665,17 @@ class TransactionCoordinator:
         ended = [w for w, kept in self.prepared.items() if kept[2] != PREPARED]
         for words in ended[:max(0, len(ended) - PREPARED_OUTCOMES_MAX)]:
             del self.prepared[words]        # the oldest outcomes nobody forgot
-        snapshot = encode_coordinator_snapshot(self.next_seq, live, self.tids, records, self.prepared)
+        snapshot = encode_coordinator_snapshot(max(self.next_seq, self.reserved), live, self.tids, records,
+                                               self.prepared)
         if not housekeeping:
             self.log.compact(snapshot)
         elif not self.log.try_compact(snapshot):
             self._touched.update(touched)  # (still to be made durable by the next compaction)
             log.warning("txmq: %s not compacted: the disk is full; compacted again later", self.log.path)
+            return
+        for meta in self.txns.values():    # the snapshot names them from now on
+            meta.logged = True
+            meta.logged_subs.update(live[meta.words][4])
 
     def close(self) -> None:
         """Close the log (after :meth:`drain`). A transaction still open is

@@ -79,7 +79,8 @@ class TxnMeta:
     """
 
     __slots__ = ("id", "words", "state", "timeout", "start_ms", "deadline", "partitions",
-                 "subscriptions", "lock", "reason", "decided", "owner", "record", "prepared_ms", "xid")
+                 "subscriptions", "lock", "reason", "decided", "owner", "record", "prepared_ms", "xid",
+                 "logged", "logged_subs")
 
     def __init__(self, txn_id: TxnID, timeout: float, start_ms: int, deadline: float):
         self.id = txn_id
@@ -97,6 +98,8 @@ class TxnMeta:
         self.record = None                # its decision record once a commit or a prepare logged one (bytes)
         self.prepared_ms = None           # when it was prepared (epoch ms), if it was
         self.xid = None                   # the global id given at prepare ("" when none)
+        self.logged = False               # its coordinator log has its BEGIN (or a snapshot names it)
+        self.logged_subs = set()          # the subscription keys the log names for it (ADD_SUBSCRIPTION)
 
     def check_open(self, doing: str = "use it") -> None:
         if self.state is not TxnState.OPEN:

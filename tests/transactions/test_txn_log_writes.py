@@ -1,0 +1,300 @@
+"""What a transaction writes to its coordinator log and its pending-ack
+logs (docs/FORMAT.md, "Coordinator log"): BEGIN goes out with the first
+ADD_PARTITION (a send's, or with the decision), a commit frames no ACK, a
+transaction that only acknowledged aborts without a frame, and
+sequences come from synced RESERVE blocks so none is handed out twice."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import txmq
+from txmq import _redolog, _txnlog as L
+from txmq.transactions import coordinator
+
+
+def frames(path) -> list:
+    with open(path, "rb") as f:
+        data = f.read()
+    found, _, reason = _redolog.parse(data, len(_redolog.FILE_HEADER), True)
+    assert reason is None
+    return [(kind, payload) for kind, payload, _ in found]
+
+
+def kinds_of(path, txn) -> list:
+    """The frame types of ``txn`` in the log at ``path``, in order."""
+    words = L.pack_txn(*txn.id.words)
+    return [kind for kind, payload in frames(path) if payload[:16] == words]
+
+
+def tc_log(data) -> str:
+    return os.path.join(data, "coordinator", "tc-0.log")
+
+
+@pytest.fixture
+def ctp(tmp_path):
+    data = str(tmp_path / "d")
+    b = txmq.Broker(data, fsync="never", num_coordinators=1)
+    b.create_topic("in")
+    b.create_topic("out")
+    b.producer("in").send_batch([b"m%d" % i for i in range(20)])
+    c = b.subscribe("in", "s", initial_position="earliest")
+    yield b, c, b.producer("out"), data
+    b.close()
+
+
+def test_a_consume_process_produce_commit_writes_three_coordinator_frames_and_no_ack_frame(ctp):
+    b, c, p, data = ctp
+    for per_message in (False, True):
+        msgs = c.receive_many(5, 1.0)
+        txn = b.new_transaction()
+        assert kinds_of(tc_log(data), txn) == []                 # beginning writes nothing
+        if per_message:
+            for m in msgs:
+                p.send(m.value.upper(), txn=txn)
+                c.ack(m, txn=txn)
+        else:
+            p.send_batch([m.value.upper() for m in msgs], txn=txn)
+            c.ack(msgs, txn=txn)
+        txn.commit()
+        # BEGIN rides with the first ADD_PARTITION; no ADD_SUBSCRIPTION: the
+        # DECIDED record names the acks.
+        assert kinds_of(tc_log(data), txn) == [L.TC_BEGIN, L.TC_ADD_PARTITION, L.TC_DECIDED, L.TC_COMMITTED]
+        pending = os.path.join(data, "subscriptions", "in", "s", "pending-0.log")
+        assert L.PA_ACK not in [k for k, payload in frames(pending) if payload[:16] == L.pack_txn(*txn.id.words)]
+    b.close()
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as again:
+        out = again.subscribe("out", "o", initial_position="earliest").receive_many(100, 1.0)
+        assert [m.value for m in out] == [b"M%d" % i for i in range(10)]
+        left = again.subscribe("in", "s").receive_many(100, 1.0)
+        assert [m.value for m in left] == [b"m%d" % i for i in range(10, 20)]
+
+
+def test_an_acks_only_commit_writes_begin_with_its_decision(ctp):
+    b, c, _, data = ctp
+    msgs = c.receive_many(3, 1.0)
+    txn = b.new_transaction()
+    c.ack(msgs, txn=txn)
+    txn.commit()
+    assert kinds_of(tc_log(data), txn) == [L.TC_BEGIN, L.TC_DECIDED, L.TC_COMMITTED]
+
+
+def test_an_abort_before_any_append_writes_nothing(ctp):
+    b, c, _, data = ctp
+    b.new_transaction().abort()                       # (the first reserves a block of sequences)
+    size = os.path.getsize(tc_log(data))
+    before = frames(tc_log(data))
+    msgs = c.receive_many(3, 1.0)
+    txn = b.new_transaction()
+    c.ack(msgs, txn=txn)
+    txn.abort()
+    assert frames(tc_log(data)) == before and os.path.getsize(tc_log(data)) == size
+    # The aborted acks come again.
+    assert [m.offset for m in c.receive_many(3, 1.0)] == [m.offset for m in msgs]
+
+
+def test_an_abort_after_an_append_is_logged(ctp):
+    b, _, p, data = ctp
+    txn = b.new_transaction()
+    p.send(b"x", txn=txn).offset                       # appended now
+    txn.abort()
+    assert kinds_of(tc_log(data), txn) == [L.TC_BEGIN, L.TC_ADD_PARTITION, L.TC_ABORTING, L.TC_ABORTED]
+
+
+def test_flush_logs_the_transactions_subscriptions(ctp):
+    b, c, _, data = ctp
+    txn = b.new_transaction()
+    c.ack(c.receive_many(2, 1.0), txn=txn)
+    assert kinds_of(tc_log(data), txn) == []
+    txn.flush()
+    assert kinds_of(tc_log(data), txn) == [L.TC_BEGIN, L.TC_ADD_SUBSCRIPTION]
+    txn.flush()                                        # (once)
+    txn.abort()
+    assert kinds_of(tc_log(data), txn) == [L.TC_BEGIN, L.TC_ADD_SUBSCRIPTION, L.TC_ABORTING, L.TC_ABORTED]
+
+
+def test_sequences_come_from_synced_reserved_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(coordinator, "RESERVE_BLOCK", 4)
+    data = str(tmp_path / "d")
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        ids = [b.new_transaction() for _ in range(10)]
+        for t in ids:
+            t.abort()
+        reserved = [int.from_bytes(payload, "little") for kind, payload in frames(tc_log(data))
+                    if kind == L.TC_RESERVE]
+        first = ids[0].id.sequence
+        assert reserved == [first + 4, first + 8, first + 12]
+        assert [t.id.sequence for t in ids] == list(range(first, first + 10))
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        assert b.new_transaction().id.sequence >= first + 12
+
+
+CRASH = r"""
+import os, sys, txmq
+b = txmq.Broker(sys.argv[1], fsync="never", num_coordinators=1)
+b.create_topic("t")
+c = b.subscribe("t", "s", initial_position="earliest")
+b.producer("t").send(b"in")
+m = c.receive(1.0)
+seen = []
+for i in range(int(sys.argv[2])):
+    txn = b.new_transaction()
+    c.ack(m, txn=txn)                  # never framed: the abort leaves no trace
+    txn.abort()
+    seen.append(txn.id.sequence)
+print(max(seen), flush=True)
+os._exit(0)                            # no close: what a crash leaves
+"""
+
+
+@pytest.mark.parametrize("n", [3, 1500])
+def test_no_sequence_is_handed_out_again_after_a_crash(tmp_path, n):
+    data = str(tmp_path / "d")
+    out = subprocess.run([sys.executable, "-c", CRASH, data, str(n)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    highest = int(out.stdout.split()[-1])
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        assert b.new_transaction().id.sequence > highest
+
+
+def run_child(script: str, data: str) -> str:
+    """Run ``script`` (argv[1]: the data directory) in a new process that
+    ends without closing its broker, as a crash would; its stdout."""
+    out = subprocess.run([sys.executable, "-c", script, data], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+REFUSED_COMPACTION = r"""
+import errno, os, sys, txmq
+from txmq.transactions import coordinator
+b = txmq.Broker(sys.argv[1], fsync="commit", num_coordinators=1)
+b.create_topic("out")
+p = b.producer("out")
+x = b.new_transaction()                        # nothing written for it yet
+real_open = os.open
+def full(path, *args, **kwargs):               # the disk is full for the snapshot
+    if str(path).endswith(".compact"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real_open(path, *args, **kwargs)
+os.open = full
+coordinator.COMPACT_FRAMES = coordinator.LIVE_FRAMES = 0      # a compaction is due at every end
+t = b.new_transaction(); p.send(b"other", txn=t); t.commit()    # its compaction is refused
+os.open = real_open
+print(x._meta.logged)
+p.send(b"x", txn=x).offset                     # BEGIN must still come with this ADD_PARTITION
+x.commit()
+os._exit(0)
+"""
+
+
+def test_a_compaction_the_disk_refused_leaves_its_transactions_unlogged(tmp_path):
+    data = str(tmp_path / "d")
+    assert run_child(REFUSED_COMPACTION, data).split() == ["False"]
+    with txmq.Broker(data, fsync="commit", num_coordinators=1) as b:     # (the log replays)
+        got = b.subscribe("out", "s", initial_position="earliest").receive_many(10, 1.0)
+        assert [m.value for m in got] == [b"other", b"x"]
+
+
+FAILED_FLUSH = r"""
+import os, sys, txmq
+from txmq.errors import StorageFullError
+b = txmq.Broker(sys.argv[1], fsync="commit", num_coordinators=1)
+b.create_topic("in")
+b.producer("in").send_batch([b"m%d" % i for i in range(5)])
+c = b.subscribe("in", "s", initial_position="earliest")
+ms = c.receive_many(5, 1.0)
+tc = b._coordinators[0]
+class FullOnce:                                # one coordinator write finds the disk full
+    def __init__(self, log):
+        self._log, self.fail = log, True
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+    def append_many(self, frames):
+        if self.fail:
+            self.fail = False
+            raise StorageFullError(self._log.path, 100)
+        return self._log.append_many(frames)
+tc.log = FullOnce(tc.log)
+t = b.new_transaction()
+c.ack(ms[:3], txn=t)
+try:
+    t.flush()
+except StorageFullError:
+    print("refused")
+t.flush()                                      # space is back
+t.prepare("xid-1")
+print(t.id)
+os._exit(0)
+"""
+
+
+def test_a_refused_flush_does_not_count_its_subscriptions_logged(tmp_path):
+    data = str(tmp_path / "d")
+    refused, txn = run_child(FAILED_FLUSH, data).split()
+    assert refused == "refused"
+    with txmq.Broker(data, fsync="commit", num_coordinators=1) as b:
+        (prepared,) = b.prepared_transactions()
+        assert prepared["id"] == txn and prepared["subscriptions"] == ["in/s"]
+        b.commit_prepared(txmq.TxnID.parse(txn))
+        assert [m.value for m in b.subscribe("in", "s").receive_many(10, 1.0)] == [b"m3", b"m4"]
+
+
+COMPACTION_IN_PREPARE = r"""
+import os, sys, txmq
+from txmq import crashpoints
+b = txmq.Broker(sys.argv[1], fsync="commit", num_coordinators=1)
+b.create_topic("out")
+tc = b._coordinators[0]
+crashpoints.ARMED = True                       # another thread compacts right after the PREPARED frame
+crashpoints.reached = lambda name: tc.compact() if name == "txn.prepare_recorded" else None
+t = b.new_transaction()
+b.producer("out").send(b"x", txn=t)
+t.prepare("xid")
+crashpoints.ARMED = False
+print(t.id)
+os._exit(0)
+"""
+
+
+def test_a_compaction_during_prepare_keeps_the_transaction_prepared(tmp_path):
+    data = str(tmp_path / "d")
+    txn = run_child(COMPACTION_IN_PREPARE, data).split()[-1]
+    with txmq.Broker(data, fsync="commit", num_coordinators=1) as b:
+        assert [p["id"] for p in b.prepared_transactions()] == [txn]
+        assert b.prepared_transactions()[0]["xid"] == "xid"
+        b.commit_prepared(txmq.TxnID.parse(txn))
+        got = b.subscribe("out", "s", initial_position="earliest").receive_many(10, 1.0)
+        assert [m.value for m in got] == [b"x"]
+
+
+DECIDED_ACKS_ONLY = r"""
+import sys, txmq
+b = txmq.Broker(sys.argv[1], fsync="never", num_coordinators=1)
+b.create_topic("in")
+b.producer("in").send_batch([b"m0", b"m1"])
+c = b.subscribe("in", "s", initial_position="earliest")
+txn = b.new_transaction()
+c.ack(c.receive_many(2, 1.0), txn=txn)
+print(txn.id, flush=True)
+txn.commit()                                   # killed once its decision is written (TXMQ_CRASH_AT)
+"""
+
+
+def test_inspection_names_what_a_decided_commit_covers(tmp_path):
+    """A commit logs no ADD_SUBSCRIPTION: a read-only view of a directory
+    whose owner died between the decision and its fan-out takes the
+    subscriptions from the decision record."""
+    from txmq import readonly
+    data = str(tmp_path / "d")
+    out = subprocess.run([sys.executable, "-c", DECIDED_ACKS_ONLY, data], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TXMQ_CRASH_AT": "txn.decided"})
+    assert out.returncode != 0
+    txn = out.stdout.split()[0]
+    with readonly.open(data) as ro:
+        (info,) = ro.transactions()
+    assert (info["id"], info["state"], info["subscriptions"]) == (txn, "COMMITTING", ["in/s"])
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:     # the commit is completed
+        assert b.subscribe("in", "s").receive_many(10, 0.3) == []
