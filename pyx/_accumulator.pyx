@@ -23,6 +23,7 @@ from libc.stdint cimport int64_t
 import time
 
 from txmq._batch import BatchSpec, encode_headers
+from txmq._partitioner import partition_for
 from txmq.errors import InvalidMessageError, MessageTooLargeError
 
 
@@ -287,3 +288,43 @@ cdef class PendingMessageId:
             return (f"PendingMessageId(topic={self.acc.topic!r}, partition={self.acc.partition_index}, "
                     f"offset=<not appended yet>)")
         return f"PendingMessageId(topic={self.acc.topic!r}, partition={self.acc.partition_index}, offset={self.offset})"
+
+
+def batching_send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None,
+                  sequence=None):
+    """``send`` of a batching producer (``broker.producer(topic,
+    batching=True)``; every argument as :meth:`txmq.Producer.send` takes
+    it): the message joins this producer's open batch for its partition
+    and a :class:`PendingMessageId` comes back at once (docs/API.md, "A
+    batching producer").
+
+    A send outside a transaction, with no ``sequence``, by an open producer
+    that has an accumulator on the partition and no transaction's batch
+    pending, is handled here in one compiled call, through the same checks
+    and the same partition choice; every other send is the general
+    ``Producer._send``'s."""
+    cdef Py_ssize_t n
+    if (txn is None and sequence is None and self._batched and not self.closed and not self._accs
+            and (key is None or type(key) is bytes) and (event_time is None or type(event_time) is int)):
+        fence = self._fence
+        topic = self._topic
+        broker = self._broker
+        if not broker._closed and (fence is None or not fence.fenced) and broker._topics.get(topic.name) is topic:
+            parts = topic.partitions
+            n = len(parts)
+            p = None
+            if partition is not None:
+                if type(partition) is int and 0 <= partition < n:   # (else the general send raises)
+                    p = parts[partition]
+            elif key is not None and n > 1:
+                p = parts[partition_for(key, n)]
+            elif n == 1:
+                p = parts[0]
+            else:
+                p = parts[next(self._rr) % n]
+            if p is not None:
+                acc = self._plain.get(p)
+                if acc is not None:
+                    return (<SendAccumulator?>acc).send(value, key, headers, event_time)
+                partition = p.index     # (the general send opens its accumulator: the same partition)
+    return self._send(value, key, headers, event_time, partition, txn, sequence)

@@ -167,6 +167,35 @@ def test_a_send_refuses_by_itself_what_it_can(broker):
     assert values(broker) == [b"ok"]
 
 
+def test_its_compiled_send_refuses_and_routes_as_the_general_send(broker):
+    """A batching producer's ``send`` is compiled for the common case and
+    hands every other one to ``Producer.send``: both refuse the same
+    things and put a key on the same partition."""
+    from txmq._accumulator import batching_send
+    from txmq.errors import BrokerClosedError, PartitionNotFoundError, TopicNotFoundError
+    broker.create_topic("t", 4)
+    p = broker.producer("t", batching=True)
+    assert type(p).send is batching_send and isinstance(p, txmq.Producer)
+    assert type(broker.producer("t")).send is txmq.Producer.send
+    for bad in (4, -1, True, "0"):
+        with pytest.raises(PartitionNotFoundError):
+            p.send(b"x", partition=bad)
+    keyed = [p.send(b"k", key=k) for k in ("order-7", b"order-7")]      # (a str key: its UTF-8 bytes)
+    assert keyed[0].partition == keyed[1].partition
+    assert keyed[0].partition == broker.producer("t").send(b"k", key=b"order-7").partition
+    assert len({p.send(b"rr").partition for _ in range(8)}) == 4      # round robin without a key
+    p.flush()
+    broker.delete_topic("t")
+    with pytest.raises(TopicNotFoundError):
+        p.send(b"x")
+    broker.create_topic("u", 1)
+    q = broker.producer("u", batching=True)
+    q.send(b"a")
+    q.close()
+    with pytest.raises(BrokerClosedError):
+        q.send(b"b")
+
+
 def test_a_failed_append_is_raised_by_the_ids_the_flush_and_later_sends(broker, monkeypatch):
     """Nothing is lost in silence: an append the log refuses (a full disk)
     is raised by the ids of its messages, by flush and by every later send

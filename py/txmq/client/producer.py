@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 
+from txmq._accumulator import batching_send
 from txmq._batch import BatchSpec
 from txmq._partitioner import partition_for, partitions_for_arrow, partitions_for_list
 from txmq.errors import (BrokerClosedError, InvalidArgumentError, InvalidMessageError, PartitionNotFoundError,
@@ -283,6 +284,8 @@ class Producer:
             self._check_open()    # name what closed: this producer, the broker, or the topic (deleted)
             raise
 
+    _send = send        # (what a batching producer's compiled send falls back to: BatchingProducer)
+
     def send_batch(self, values, keys=None, headers=None, event_times=None, partition=None,
                    txn=None, sequence: int | None = None) -> MessageIds:
         """Append many messages; return their ids in input order.
@@ -411,6 +414,16 @@ class Producer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class BatchingProducer(Producer):
+    """A :class:`Producer` made with ``broker.producer(topic,
+    batching=True)`` (docs/API.md, "A batching producer"): the same calls,
+    its ``send`` compiled for the common case (no transaction, no
+    ``sequence``) and the general :meth:`Producer.send` for the rest."""
+
+    __slots__ = ()
+    send = batching_send
 
 
 SEQUENCE_LIMIT = 1 << 31
