@@ -59,7 +59,8 @@ def test_conflicts_are_refused_by_the_ack_itself(broker):
         c.ack(ms[0], txn=broker.new_transaction())
 
 
-def test_a_commit_frames_no_ack_in_the_pending_ack_log(broker):
+@pytest.mark.parametrize("flushed", [False, True])
+def test_a_commit_frames_no_ack_and_a_flush_one_frame_per_partition(broker, flushed):
     c, ms = fed(broker)
     txn = broker.new_transaction()
     before = len(frames(broker))
@@ -68,28 +69,18 @@ def test_a_commit_frames_no_ack_in_the_pending_ack_log(broker):
     assert len(frames(broker)) == before      # held in memory
     pa = broker._topics["in"].subscriptions["s"].pending_acks
     assert pa.txn_ack_ranges(txn.id) == [[(0, 10)]]
-    txn.commit()                              # the decision record names them: no frame here
+    framed = []
+    if flushed:
+        txn.flush()
+        framed = [PA_ACK]                     # the 10 offsets in one frame
+    assert [t for t, _ in frames(broker)[before:]] == framed
+    txn.commit()                              # no frame of its own: the decision record names them
     assert pa.txn_ack_ranges(txn.id) == [[]]
-    pa.flush()                                # (the cursor's sync; no COMMIT frame is owed)
-    assert frames(broker)[before:] == []
-    assert broker.stats()["topics"]["in"]["subscriptions"]["s"]["partitions"][0]["mark_delete"] == 10
-
-
-def test_a_flushed_transaction_gets_one_ack_frame_per_partition_and_its_commit_frame(broker):
-    c, ms = fed(broker)
-    txn = broker.new_transaction()
-    before = len(frames(broker))
-    for m in ms[:10]:
-        c.ack(m, txn=txn)
-    txn.flush()
-    acks = [p for t, p in frames(broker)[before:] if t == PA_ACK]
-    assert len(acks) == 1                      # the 10 offsets in one frame
-    txn.commit()
-    # The COMMIT frame follows the cursor's sync (the coordinator's flush).
-    pa = broker._topics["in"].subscriptions["s"].pending_acks
-    assert [t for t, _ in frames(broker)[before:]] == [PA_ACK]
+    assert [t for t, _ in frames(broker)[before:]] == framed
+    # The cursor's sync (the coordinator's flush), then the COMMIT frame a
+    # framed transaction owes.
     pa.flush()
-    assert [t for t, _ in frames(broker)[before:]] == [PA_ACK, PA_COMMIT]
+    assert [t for t, _ in frames(broker)[before:]] == framed + [PA_COMMIT] * flushed
     assert broker.stats()["topics"]["in"]["subscriptions"]["s"]["partitions"][0]["mark_delete"] == 10
 
 
