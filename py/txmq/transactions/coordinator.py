@@ -56,6 +56,7 @@ from txmq._txnlog import (ABORTED, ABORTING, COMMITTED, COMMITTING, OPEN, PREPAR
                           encode_producer, encode_text, pack_txn, replay_coordinator)
 from txmq.errors import BrokerClosedError, InvalidTxnStateError
 from txmq.transactions import decision
+from txmq.transactions.producer_ids import reserve_block
 from txmq.transactions.records import TxnID, TxnMeta, TxnState
 
 log = logging.getLogger("txmq.coordinator")
@@ -80,7 +81,6 @@ PREALLOCATE_BYTES = 512 * 1024
 # whatever a crash kept of the log: opening resumes past the last block.
 RESERVE_BLOCK = 1024
 _TIMES = struct.Struct("<qq")
-_RESERVE = struct.Struct("<Q")
 # The outcomes of ended prepared transactions a log keeps until they are
 # forgotten (forget_prepared): past this many, compaction drops the oldest.
 PREPARED_OUTCOMES_MAX = 10_000
@@ -177,7 +177,7 @@ class TransactionCoordinator:
         with self.lock:
             seq = self.next_seq
             if seq >= self.reserved:
-                self._reserve(seq + RESERVE_BLOCK)
+                self.reserved = reserve_block(self.log, TC_RESERVE, seq + RESERVE_BLOCK)
             self.next_seq += 1
             meta = TxnMeta(TxnID(self.id, seq), timeout, start, time.monotonic() + timeout)
             meta.owner = owner
@@ -189,13 +189,6 @@ class TransactionCoordinator:
                 heapq.heapify(self._timeouts)
             self.stats["begun"] += 1
         return meta
-
-    def _reserve(self, end: int) -> None:
-        """Reserve the sequences below ``end``: a RESERVE frame, synced
-        (coordinator lock held)."""
-        self.log.append(TC_RESERVE, _RESERVE.pack(end))
-        self.log.sync_to(self.log.written)
-        self.reserved = end
 
     def _log_with_begin(self, meta: TxnMeta, frames: list) -> None:
         """Append ``frames`` of ``meta`` in one write, led by its BEGIN if

@@ -28,6 +28,16 @@ COMPACT_FRAMES = 4096
 _I64 = struct.Struct("<q")
 
 
+def reserve_block(log: RedoLog, frame_type: int, end: int) -> int:
+    """Reserve the ids below ``end`` in ``log``: a frame of ``frame_type``
+    naming it (i64), synced before any of them is handed out, so an id is
+    never handed out twice whatever a crash kept (the producer registry's
+    BLOCK, a coordinator log's RESERVE). Returns ``end``."""
+    log.append(frame_type, _I64.pack(end))
+    log.sync()
+    return end
+
+
 class ProducerRegistry:
     """The persistent producer-id counter and the names of named producers.
     Thread-safe."""
@@ -51,9 +61,7 @@ class ProducerRegistry:
 
     def _allocate(self) -> int:
         if self.next_id >= self.reserved:
-            self.reserved = self.next_id + ID_BLOCK
-            self.log.append(PR_BLOCK, _I64.pack(self.reserved))
-            self.log.sync()
+            self.reserved = reserve_block(self.log, PR_BLOCK, self.next_id + ID_BLOCK)
             self._maybe_compact()
         pid = self.next_id
         self.next_id += 1
@@ -81,9 +89,7 @@ class ProducerRegistry:
                 self.problems.append(f"producer id {producer_id} is in use beyond the counter "
                                      f"({self.next_id}); skipping past it")
                 self.next_id = producer_id + 1
-                self.reserved = max(self.reserved, self.next_id)
-                self.log.append(PR_BLOCK, _I64.pack(self.reserved))
-                self.log.sync()
+                self.reserved = reserve_block(self.log, PR_BLOCK, max(self.reserved, self.next_id))
 
     def _maybe_compact(self) -> None:
         if self.log.compact_due(COMPACT_FRAMES + len(self.names)):
