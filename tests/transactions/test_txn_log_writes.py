@@ -5,6 +5,7 @@ transaction that only acknowledged aborts without a frame, and
 sequences come from synced RESERVE blocks so none is handed out twice."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -132,7 +133,7 @@ def test_sequences_come_from_synced_reserved_blocks(tmp_path, monkeypatch):
 
 
 CRASH = r"""
-import os, sys, txmq
+import os, signal, sys, txmq
 b = txmq.Broker(sys.argv[1], fsync="never", num_coordinators=1)
 b.create_topic("t")
 c = b.subscribe("t", "s", initial_position="earliest")
@@ -145,7 +146,7 @@ for i in range(int(sys.argv[2])):
     txn.abort()
     seen.append(txn.id.sequence)
 print(max(seen), flush=True)
-os._exit(0)                            # no close: what a crash leaves
+os.kill(os.getpid(), signal.SIGKILL)   # a real kill: nothing closed, nothing flushed
 """
 
 
@@ -153,7 +154,8 @@ os._exit(0)                            # no close: what a crash leaves
 def test_no_sequence_is_handed_out_again_after_a_crash(tmp_path, n):
     data = str(tmp_path / "d")
     out = subprocess.run([sys.executable, "-c", CRASH, data, str(n)], capture_output=True, text=True,
-                         timeout=120, check=True)
+                         timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     highest = int(out.stdout.split()[-1])
     with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
         assert b.new_transaction().id.sequence > highest
