@@ -24,7 +24,7 @@ import time
 
 from txmq._batch import BatchSpec, encode_headers
 from txmq._partitioner import partition_for
-from txmq.errors import InvalidMessageError, MessageTooLargeError
+from txmq.errors import BrokerClosedError, InvalidMessageError, MessageTooLargeError
 
 
 # Per message in a batch: its key and value offsets, its event-time delta
@@ -290,41 +290,113 @@ cdef class PendingMessageId:
         return f"PendingMessageId(topic={self.acc.topic!r}, partition={self.acc.partition_index}, offset={self.offset})"
 
 
-def batching_send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None,
-                  sequence=None):
-    """``send`` of a batching producer (``broker.producer(topic,
-    batching=True)``; every argument as :meth:`txmq.Producer.send` takes
-    it): the message joins this producer's open batch for its partition
-    and a :class:`PendingMessageId` comes back at once (docs/API.md, "A
-    batching producer").
+# What ``producer_send`` needs of the client layer, given by it at import
+# (``bind_producer_send``): imports point down, so this module names none of it.
+cdef object _Transaction = None      # txmq.client.transaction.Transaction
+cdef object _OPEN = None             # TxnState.OPEN
+cdef object _MessageId = None        # txmq.message.MessageId
+_new_id = tuple.__new__              # (a MessageId without its Python-level __new__)
 
-    A send outside a transaction, with no ``sequence``, by an open producer
-    that has an accumulator on the partition and no transaction's batch
-    pending, is handled here in one compiled call, through the same checks
-    and the same partition choice; every other send is the general
-    ``Producer._send``'s."""
+
+def bind_producer_send(transaction_type, open_state, message_id_type):
+    """Give :func:`producer_send` the Transaction class, the OPEN state and
+    the MessageId class (txmq.client.producer does, at import)."""
+    global _Transaction, _OPEN, _MessageId
+    _Transaction, _OPEN, _MessageId = transaction_type, open_state, message_id_type
+
+
+def producer_send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None,
+                  sequence=None):
+    """Append one message; return its :class:`MessageId` once it is in the
+    log (and durable, under ``fsync="always"``). A batching producer
+    (``broker.producer(topic, batching=True)``) returns at once with a
+    :class:`~txmq._accumulator.PendingMessageId`, the message joining
+    its open batch for the partition (docs/API.md, "A batching
+    producer").
+
+    ``value`` and ``key`` are bytes (a str key is UTF-8 encoded);
+    ``headers`` a dict or a list of (str, bytes) pairs; ``event_time``
+    int milliseconds (default: the publish time); ``partition``
+    overrides the partitioner; ``txn`` makes the message part of that
+    transaction (visible to READ_COMMITTED readers once it commits, and
+    made durable by the commit rather than by this call). Raises
+    :class:`~txmq.errors.TransactionTimeoutError` /
+    :class:`~txmq.errors.InvalidTxnStateError` when ``txn`` is no longer
+    open.
+
+    With ``txn`` (and no ``sequence``) the message joins this
+    producer's accumulating batch for the transaction and partition,
+    appended as one batch by size, after the broker's ``linger_ms``,
+    when an offset is asked for, on :meth:`flush`, or by the commit
+    (docs/API.md, "Sends inside a transaction are batched"); it returns
+    a :class:`~txmq._accumulator.PendingMessageId` whose ``offset``
+    appends the batch first. Everything a send can refuse by itself is
+    refused here; an append that fails raises at that flush (a commit
+    then aborts).
+
+    ``sequence`` sends with an explicit sequence number (int32) for the
+    target partition instead of the next one: resending a sequence that
+    is among the partition's last 5 batches of this producer returns the
+    original MessageId and appends nothing (retries after a timeout or a
+    crash). Sequences are per partition, so on a topic of several
+    partitions ``sequence`` needs ``partition=`` or ``key=`` (a resend
+    must reach the same partition). A gap raises :class:`~txmq.errors.OutOfOrderSequenceError`,
+    an older sequence :class:`~txmq.errors.DuplicateSequenceError`. A
+    fenced instance raises :class:`~txmq.errors.ProducerFencedError`.
+    """
+    # The two batched cases in one compiled call: a send inside a
+    # transaction (``txn``, no ``sequence``) joining this producer's open
+    # batch for the transaction and partition, and a send of a batching
+    # producer outside transactions joining its open batch for the
+    # partition; the same checks and partition choice as the general
+    # ``Producer._send``, which takes every other send (with the partition
+    # already chosen, so round robin does not skip one).
     cdef Py_ssize_t n
-    if (txn is None and sequence is None and self._batched and not self.closed and not self._accs
+    cdef dict accs = None
+    cdef bint plain = False
+    if (sequence is None and not self.closed and self._owner is None
             and (key is None or type(key) is bytes) and (event_time is None or type(event_time) is int)):
-        fence = self._fence
-        topic = self._topic
-        broker = self._broker
-        if not broker._closed and (fence is None or not fence.fenced) and broker._topics.get(topic.name) is topic:
-            parts = topic.partitions
-            n = len(parts)
-            p = None
-            if partition is not None:
-                if type(partition) is int and 0 <= partition < n:   # (else the general send raises)
-                    p = parts[partition]
-            elif key is not None and n > 1:
-                p = parts[partition_for(key, n)]
-            elif n == 1:
-                p = parts[0]
-            else:
-                p = parts[next(self._rr) % n]
-            if p is not None:
-                acc = self._plain.get(p)
-                if acc is not None:
-                    return (<SendAccumulator?>acc).send(value, key, headers, event_time)
-                partition = p.index     # (the general send opens its accumulator: the same partition)
+        meta = None
+        if txn is None:
+            if not self._batched:
+                plain = not self._accs        # (else a transaction's batch here is appended first)
+            elif not self._accs:
+                accs = self._plain
+        elif type(txn) is _Transaction and txn._broker is self._broker and not self._plain:
+            meta = txn._meta
+            if meta.owner is None and meta.state is _OPEN and self._batching.linger_ms:
+                accs = self._accs
+        if accs or plain:
+            fence = self._fence
+            topic = self._topic
+            broker = self._broker
+            # (a plain append checks the fence and the topic itself)
+            if not broker._closed and (plain or ((fence is None or not fence.fenced)
+                                                 and broker._topics.get(topic.name) is topic)):
+                parts = topic.partitions
+                n = len(parts)
+                p = None
+                if partition is not None:
+                    if type(partition) is int and 0 <= partition < n:   # (else the general send raises)
+                        p = parts[partition]
+                elif key is not None and n > 1:
+                    p = parts[partition_for(key, n)]
+                elif n == 1:
+                    p = parts[0]
+                else:
+                    p = parts[next(self._rr) % n]
+                if p is not None:
+                    if plain:     # one message, in the log when this returns
+                        spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,
+                                         None if event_time is None else [event_time])
+                        try:
+                            return _new_id(_MessageId, (topic.name, p.index, p.append(
+                                spec, 0, None, self.producer_id, self.epoch, -1, None, fence)))
+                        except BrokerClosedError:
+                            self._check_open()   # name what closed: this producer, the broker, or the topic
+                            raise
+                    acc = accs.get(p)
+                    if acc is not None and (<SendAccumulator?>acc).meta is meta:
+                        return (<SendAccumulator>acc).send(value, key, headers, event_time)
+                    partition = p.index     # (the general send opens its accumulator: the same partition)
     return self._send(value, key, headers, event_time, partition, txn, sequence)

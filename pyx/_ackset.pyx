@@ -322,7 +322,7 @@ def add_many(AckSet acks, offsets):
     return added
 
 
-def cut_delivery(list ranges, int64_t offset):
+cpdef bint cut_delivery(list ranges, int64_t offset) except -1:
     """Take ``offset`` out of the batch deliveries ``[[start, end,
     consumer id], ...]`` holding it (a subscription's lane), splitting the
     one it lies in; False when none held it. The per-message transactional
@@ -347,56 +347,6 @@ def cut_delivery(list ranges, int64_t offset):
                 r[1] = offset
             return True
     return False
-
-
-def ack_in(pending_acks, meta, topic, partition, offset, open_state):
-    """Record one individual ack of ``(topic, partition, offset)`` in the
-    transaction ``meta`` on the pending-ack table ``pending_acks``
-    (txmq.dispatch.pending_acks): the one place ``ack(m, txn=)`` records,
-    compiled, since the README's per-message loop calls it 100 times per
-    transaction. True when the ack is recorded (or was already held by
-    ``meta``); False, with nothing changed, in every other case (an id of
-    another topic, no such partition or offset, a transaction not
-    registered with the subscription yet or no longer ``open_state``, a
-    conflict): ``PendingAcks.ack_one`` then raises what is wrong, or
-    registers and records."""
-    cdef int64_t off
-    cdef Py_ssize_t index
-    cdef list lanes
-    cdef int r
-    if topic is not pending_acks.topic.name and topic != pending_acks.topic.name:
-        return False
-    if type(partition) is not int or type(offset) is not int:
-        return False
-    sub = pending_acks.subscription
-    lanes = sub.lanes
-    if not 0 <= partition < len(lanes):      # (compared as Python ints: any int is refused, none overflows)
-        return False
-    index = partition
-    lane = lanes[index]
-    segments = lane.partition._segments
-    if not segments or not 0 <= offset < segments[len(segments) - 1].next_offset:
-        return False
-    off = offset
-    if meta.subscriptions.get(pending_acks.key) is not pending_acks:
-        return False
-    lock = sub.lock
-    lock.acquire()
-    try:
-        if meta.state is not open_state:
-            return False
-        cursor = lane.cursor
-        r = lane.pending.add_one(meta.id, off, cursor.mark_delete, cursor.acked)
-        if r < 0:
-            return False
-        if r > 0:            # (Subscription._hold of one offset)
-            if lane.outstanding.pop(off, None) is None:
-                ranges = lane.ranges
-                if ranges:
-                    cut_delivery(ranges, off)
-        return True
-    finally:
-        lock.release()
 
 
 def all_received(list messages):

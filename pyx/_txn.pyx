@@ -31,7 +31,8 @@ import os
 import numpy as np
 
 from txmq._ackset import add_many
-from txmq._ackset cimport AckSet
+from txmq._ackset cimport AckSet, cut_delivery
+from txmq._batch cimport Message
 
 from _debug cimport check_due
 from _bytes cimport load_i64, load_u64, store_u32, store_i64, store_u64, packed_i64, packed_txn, packed_u32
@@ -767,6 +768,16 @@ cdef class PendingAckTable:
     def take(self, txn):
         """Remove and return (individual offsets, cumulative offset or -1) of ``txn``."""
         ranges = self.ranges_of(txn)
+        result = (_expand(ranges), self.cumulative.get(txn, -1))
+        self.drop(txn, ranges)
+        return result
+
+    def drop(self, txn, list ranges=None):
+        """Remove what ``txn`` holds here, as :meth:`take` does, without
+        listing its offsets (a commit applied them as ranges). ``ranges``
+        is its :meth:`ranges_of` when the caller has it already."""
+        if ranges is None:
+            ranges = self.ranges_of(txn)
         s = self.sets.pop(txn, None)
         self.unlogged.pop(txn, None)
         self.framed_txns.discard(txn)
@@ -776,10 +787,9 @@ cdef class PendingAckTable:
             remove = self.held.remove_range
             for a, b in ranges:
                 self.n_held -= remove(a, b)
-        result = (_expand(ranges), self.cumulative.pop(txn, -1))
+        self.cumulative.pop(txn, None)
         if DEBUG:
             self._debug_changed()
-        return result
 
     def take_unlogged(self, txn):
         """The offsets ``txn`` recorded since they were last taken (an int64
@@ -870,3 +880,108 @@ cdef list _expand(list ranges):
         for o in range(a, b):
             out.append(o)
     return out
+
+
+# What ``consumer_ack`` needs of the client layer, given by it at import
+# (``bind_consumer_ack``): imports point down, so this module names none of it.
+cdef object _Transaction = None      # txmq.client.transaction.Transaction
+cdef object _OPEN = None             # TxnState.OPEN
+cdef object _invariant = None        # the txmq.dispatch.lane_invariant module (its DEBUG switch)
+
+
+def bind_consumer_ack(transaction_type, open_state, invariant_module):
+    """Give :func:`consumer_ack` the Transaction class, the OPEN state and
+    the lane-invariant module (txmq.client.consumer does, at import)."""
+    global _Transaction, _OPEN, _invariant
+    _Transaction, _OPEN, _invariant = transaction_type, open_state, invariant_module
+
+
+def consumer_ack(self, messages, txn=None):
+    """Acknowledge a Message, a MessageId, a list of them, or a
+    ``pyarrow.RecordBatch`` from :meth:`receive_batch`.
+
+    With ``txn`` the ack is pending in that transaction: it takes effect
+    when the transaction commits, and is dropped (the messages come
+    again) when it aborts. Acking a message that another open
+    transaction holds, or that is already acknowledged, raises
+    :class:`~txmq.errors.TransactionConflictError` and changes nothing.
+
+    Without ``txn``, acking a message that an open transaction holds as
+    a pending ack raises :class:`~txmq.errors.TransactionConflictError`
+    (``other`` is that transaction) and acknowledges none of
+    ``messages``: the transaction decides that message's fate.
+    """
+    # ``Consumer.ack``: ``ack(m, txn=)`` of one received message, the
+    # README's loop, in this one compiled call; every other ack is the
+    # general ``Consumer._ack``'s, which checks and raises the same way.
+    cdef Message m
+    if (txn is not None and type(messages) is Message and type(txn) is _Transaction and not self.closed
+            and txn._broker is self._broker):
+        meta = txn._meta
+        if meta.owner is not None:
+            meta.check_owner()
+        m = <Message>messages
+        pending_acks = self._sub.pending_acks
+        if _invariant.DEBUG or not _ack_in(pending_acks, meta, m._topic, m._partition, m.offset, _OPEN):
+            pending_acks.ack_one(meta, m._topic, m._partition, m.offset)    # (registers, raises; checks the lane)
+        return
+    self._ack(messages, txn)
+
+
+def ack_in(pending_acks, meta, topic, partition, offset, open_state):
+    """Record one individual ack of ``(topic, partition, offset)`` in the
+    transaction ``meta`` on the pending acks ``pending_acks`` of a
+    subscription (txmq.dispatch.pending_acks): the one place ``ack(m,
+    txn=)`` records, compiled, since the README's per-message loop calls it
+    100 times per transaction. True when the ack is recorded (or was
+    already held by ``meta``); False, with nothing changed, in every other
+    case (an id of another topic, no such partition or offset, a
+    transaction not registered with the subscription yet or no longer
+    ``open_state``, a conflict): ``PendingAcks.ack_one`` then raises what
+    is wrong, or registers and records."""
+    return _ack_in(pending_acks, meta, topic, partition, offset, open_state)
+
+
+cdef bint _ack_in(pending_acks, meta, topic, partition, offset, open_state) except -1:
+    cdef int64_t off
+    cdef Py_ssize_t index
+    cdef list lanes
+    cdef int r
+    cdef PendingAckTable table
+    # (topic name, subscription, its lanes, the coordinator's key of it,
+    # its lock): fixed for the life of the pending acks
+    cdef tuple route = <tuple?>pending_acks.route
+    name = route[0]
+    if topic is not name and topic != name:
+        return False
+    if type(partition) is not int or type(offset) is not int:
+        return False
+    lanes = <list?>route[2]
+    if not 0 <= partition < len(lanes):      # (compared as Python ints: any int is refused, none overflows)
+        return False
+    index = partition
+    lane = lanes[index]
+    segments = lane.partition._segments
+    if not segments or not 0 <= offset < segments[len(segments) - 1].next_offset:
+        return False
+    off = offset
+    if meta.subscriptions.get(route[3]) is not pending_acks:
+        return False
+    lock = route[4]
+    lock.acquire()           # (not ``with``: its __enter__ and __exit__ cost twice the calls)
+    try:
+        if meta.state is not open_state:
+            return False
+        cursor = lane.cursor
+        table = <PendingAckTable?>lane.pending
+        r = table.add_one(meta.id, off, cursor.mark_delete, cursor.acked)
+        if r < 0:
+            return False
+        if r > 0:            # (Subscription._hold of one offset)
+            if lane.outstanding.pop(off, None) is None:
+                ranges = lane.ranges
+                if ranges:
+                    cut_delivery(ranges, off)
+        return True
+    finally:
+        lock.release()

@@ -15,3 +15,6 @@ cdef class AckSet:
     cdef _debug_changed(self)
     cpdef bint contains(self, int64_t offset)
     cpdef int64_t add_range(self, int64_t start, int64_t end) except -1
+
+
+cpdef bint cut_delivery(list ranges, int64_t offset) except -1

@@ -167,33 +167,61 @@ def test_a_send_refuses_by_itself_what_it_can(broker):
     assert values(broker) == [b"ok"]
 
 
-def test_its_compiled_send_refuses_and_routes_as_the_general_send(broker):
-    """A batching producer's ``send`` is compiled for the common case and
-    hands every other one to ``Producer.send``: both refuse the same
-    things and put a key on the same partition."""
-    from txmq._accumulator import batching_send
+@pytest.mark.parametrize("mode", ["batching", "plain", "transaction"])
+def test_its_compiled_send_refuses_and_routes_as_the_general_send(broker, mode):
+    """``Producer.send`` is compiled for its common cases (a batching
+    producer's send, a plain one's, a send inside a transaction) and hands
+    every other one to ``Producer._send``: both refuse the same things and
+    put a key on the same partition."""
+    from txmq._accumulator import producer_send
     from txmq.errors import BrokerClosedError, PartitionNotFoundError, TopicNotFoundError
+    assert txmq.Producer.send is producer_send
     broker.create_topic("t", 4)
-    p = broker.producer("t", batching=True)
-    assert type(p).send is batching_send and isinstance(p, txmq.Producer)
-    assert type(broker.producer("t")).send is txmq.Producer.send
+    p = broker.producer("t", batching=mode == "batching")
+    txn = broker.new_transaction() if mode == "transaction" else None
+    general = broker.producer("t")._send
+
+    def send(value, **kw):
+        return p.send(value, txn=txn, **kw)
+
     for bad in (4, -1, True, "0"):
         with pytest.raises(PartitionNotFoundError):
-            p.send(b"x", partition=bad)
-    keyed = [p.send(b"k", key=k) for k in ("order-7", b"order-7")]      # (a str key: its UTF-8 bytes)
-    assert keyed[0].partition == keyed[1].partition
-    assert keyed[0].partition == broker.producer("t").send(b"k", key=b"order-7").partition
-    assert len({p.send(b"rr").partition for _ in range(8)}) == 4      # round robin without a key
+            send(b"x", partition=bad)
+    keyed = [send(b"k", key=k) for k in ("order-7", b"order-7")]      # (a str key: its UTF-8 bytes)
+    assert keyed[0].partition == keyed[1].partition == general(b"k", key=b"order-7").partition
+    assert len({send(b"rr").partition for _ in range(8)}) == 4      # round robin without a key
+    with pytest.raises(InvalidMessageError):
+        send("not bytes")
+    with pytest.raises(InvalidMessageError):
+        send(b"x", event_time="now")
     p.flush()
     broker.delete_topic("t")
     with pytest.raises(TopicNotFoundError):
-        p.send(b"x")
+        send(b"x")
     broker.create_topic("u", 1)
-    q = broker.producer("u", batching=True)
-    q.send(b"a")
+    q = broker.producer("u", batching=mode == "batching")
+    txn = broker.new_transaction() if mode == "transaction" else None
+    q.send(b"a", txn=txn)
     q.close()
     with pytest.raises(BrokerClosedError):
-        q.send(b"b")
+        q.send(b"b", txn=txn)
+
+
+def test_a_send_in_a_transaction_no_longer_open_is_refused(broker):
+    """The compiled send takes a transaction's send only while it is open:
+    after its end the general send raises why."""
+    from txmq.errors import InvalidArgumentError, InvalidTxnStateError
+    broker.create_topic("t", 1)
+    p = broker.producer("t")
+    txn = broker.new_transaction()
+    p.send(b"a", txn=txn)
+    p.send(b"b", txn=txn)
+    txn.commit()
+    with pytest.raises(InvalidTxnStateError):
+        p.send(b"c", txn=txn)
+    with pytest.raises(InvalidArgumentError):
+        p.send(b"c", txn="not a transaction")
+    assert values(broker) == [b"a", b"b"]
 
 
 def test_a_failed_append_is_raised_by_the_ids_the_flush_and_later_sends(broker, monkeypatch):

@@ -49,7 +49,7 @@ def test_the_compiled_ack_records_only_the_common_case(tmp_path):
     refuse; in every other case it changes nothing and says False, and
     ``ack_one`` takes over."""
     from txmq import errors
-    from txmq._ackset import ack_in
+    from txmq._txn import ack_in
     from txmq.message import Message, MessageId
     from txmq.transactions.records import TxnState
     with txmq.Broker(tmp_path / "d", fsync="never") as broker:

@@ -45,7 +45,7 @@ from txmq.errors import (BrokerClosedError, DataDirError, InvalidArgumentError,
                          SubscriptionNotFoundError, SubscriptionTypeError, TopicBusyError,
                          TopicExistsError, TopicNotFoundError, TransactionNotFoundError)
 from txmq.message import AbortedTransaction
-from txmq.client.producer import BatchingProducer, Producer
+from txmq.client.producer import Producer
 from txmq.transactions.producer_ids import ProducerRegistry
 from txmq.scheduler import MIN_INTERVAL, Scheduler
 from txmq import crashpoints
@@ -354,14 +354,12 @@ class Broker(Recovery, PreparedTransactions):
         if type(batching) is not bool:
             raise InvalidArgumentError("batching", batching, "True or False")
         t = self._topic(topic)
-        # (a batching producer's send is compiled: BatchingProducer)
-        cls = BatchingProducer if batching and self._batching.enabled else Producer
         if name is None:
-            return cls(self, t, self._producer_ids.allocate(), batching=batching)
+            return Producer(self, t, self._producer_ids.allocate(), batching=batching)
         _name_bytes("name", name)
         if name.startswith(RESERVED_PREFIX):
             raise InvalidArgumentError("name", name, f"a name not starting with {RESERVED_PREFIX!r} (reserved)")
-        p = cls(self, t, self._producer_ids.id_of(name), name=name, batching=batching)
+        p = Producer(self, t, self._producer_ids.id_of(name), name=name, batching=batching)
         with self._tid_lock:
             old = self._named_live.get((topic, name))
             self._named_live[(topic, name)] = p

@@ -8,11 +8,14 @@ from txmq.errors import BrokerClosedError, InvalidArgumentError
 from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
 from txmq._accumulator import PendingMessageId
-from txmq._ackset import ack_in, received_or
+from txmq._ackset import received_or
+from txmq._txn import ack_in, bind_consumer_ack, consumer_ack
 from txmq.client.transaction import Transaction, meta_of
 from txmq.dispatch import lane_invariant
 from txmq.dispatch.arrow_delivery import delivered_run
 from txmq.transactions.records import TxnState
+
+bind_consumer_ack(Transaction, TxnState.OPEN, lane_invariant)
 
 
 def _ids(messages) -> list:
@@ -102,23 +105,13 @@ class Consumer:
             timeout = _timeout(timeout)
         return self._sub.receive_batch(self, max_messages, timeout)
 
-    def ack(self, messages, txn=None) -> None:
-        """Acknowledge a Message, a MessageId, a list of them, or a
-        ``pyarrow.RecordBatch`` from :meth:`receive_batch`.
+    ack = consumer_ack     # (compiled: ack(m, txn=) in one call; the rest is _ack's)
 
-        With ``txn`` the ack is pending in that transaction: it takes effect
-        when the transaction commits, and is dropped (the messages come
-        again) when it aborts. Acking a message that another open
-        transaction holds, or that is already acknowledged, raises
-        :class:`~txmq.errors.TransactionConflictError` and changes nothing.
-
-        Without ``txn``, acking a message that an open transaction holds as
-        a pending ack raises :class:`~txmq.errors.TransactionConflictError`
-        (``other`` is that transaction) and acknowledges none of
-        ``messages``: the transaction decides that message's fate.
-        """
+    def _ack(self, messages, txn=None) -> None:
+        """:meth:`ack` (``txmq._txn.consumer_ack``, its docstring): every
+        ack but the compiled one of a received Message in a transaction."""
         if txn is not None and type(messages) is Message and not self.closed:
-            # ack(m, txn=): the README's loop, one message at a time.
+            # ack(m, txn=) that the compiled ack did not take: a bad txn, or TXMQ_DEBUG
             if type(txn) is not Transaction or txn._broker is not self._broker:
                 raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
             meta = txn._meta

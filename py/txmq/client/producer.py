@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from txmq._accumulator import batching_send
+from txmq._accumulator import bind_producer_send, producer_send
 from txmq._batch import BatchSpec
 from txmq._partitioner import partition_for, partitions_for_arrow, partitions_for_list
 from txmq.errors import (BrokerClosedError, InvalidArgumentError, InvalidMessageError, PartitionNotFoundError,
@@ -18,6 +18,8 @@ from txmq.message import MessageId, MessageIds
 from txmq.storage.topic import PartitionStub
 from txmq.client.transaction import Transaction, meta_of
 from txmq.transactions.records import TxnState
+
+bind_producer_send(Transaction, TxnState.OPEN, MessageId)
 
 
 class Producer:
@@ -169,45 +171,12 @@ class Producer:
             self._broker._coordinator_of(meta).register_partition(meta, p)
         return p.append(spec, 0, meta, self.producer_id, self.epoch, sequence, None, self._fence)
 
-    def send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None,
-             sequence: int | None = None) -> MessageId:
-        """Append one message; return its :class:`MessageId` once it is in the
-        log (and durable, under ``fsync="always"``). A batching producer
-        (``broker.producer(topic, batching=True)``) returns at once with a
-        :class:`~txmq._accumulator.PendingMessageId`, the message joining
-        its open batch for the partition (docs/API.md, "A batching
-        producer").
+    send = producer_send     # (compiled: a batched send in one call; the rest is _send's)
 
-        ``value`` and ``key`` are bytes (a str key is UTF-8 encoded);
-        ``headers`` a dict or a list of (str, bytes) pairs; ``event_time``
-        int milliseconds (default: the publish time); ``partition``
-        overrides the partitioner; ``txn`` makes the message part of that
-        transaction (visible to READ_COMMITTED readers once it commits, and
-        made durable by the commit rather than by this call). Raises
-        :class:`~txmq.errors.TransactionTimeoutError` /
-        :class:`~txmq.errors.InvalidTxnStateError` when ``txn`` is no longer
-        open.
-
-        With ``txn`` (and no ``sequence``) the message joins this
-        producer's accumulating batch for the transaction and partition,
-        appended as one batch by size, after the broker's ``linger_ms``,
-        when an offset is asked for, on :meth:`flush`, or by the commit
-        (docs/API.md, "Sends inside a transaction are batched"); it returns
-        a :class:`~txmq._accumulator.PendingMessageId` whose ``offset``
-        appends the batch first. Everything a send can refuse by itself is
-        refused here; an append that fails raises at that flush (a commit
-        then aborts).
-
-        ``sequence`` sends with an explicit sequence number (int32) for the
-        target partition instead of the next one: resending a sequence that
-        is among the partition's last 5 batches of this producer returns the
-        original MessageId and appends nothing (retries after a timeout or a
-        crash). Sequences are per partition, so on a topic of several
-        partitions ``sequence`` needs ``partition=`` or ``key=`` (a resend
-        must reach the same partition). A gap raises :class:`~txmq.errors.OutOfOrderSequenceError`,
-        an older sequence :class:`~txmq.errors.DuplicateSequenceError`. A
-        fenced instance raises :class:`~txmq.errors.ProducerFencedError`.
-        """
+    def _send(self, value, key=None, headers=None, event_time=None, partition=None, txn=None,
+              sequence: int | None = None) -> MessageId:
+        """:meth:`send` (``txmq._accumulator.producer_send``, its
+        docstring): every send but the batched ones it takes itself."""
         if self.closed or self._broker._closed or self._owner is not None:
             # (a fenced named producer is refused under the partition lock)
             self._check_open()
@@ -283,8 +252,6 @@ class Producer:
         except BrokerClosedError:
             self._check_open()    # name what closed: this producer, the broker, or the topic (deleted)
             raise
-
-    _send = send        # (what a batching producer's compiled send falls back to: BatchingProducer)
 
     def send_batch(self, values, keys=None, headers=None, event_times=None, partition=None,
                    txn=None, sequence: int | None = None) -> MessageIds:
@@ -414,16 +381,6 @@ class Producer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-class BatchingProducer(Producer):
-    """A :class:`Producer` made with ``broker.producer(topic,
-    batching=True)`` (docs/API.md, "A batching producer"): the same calls,
-    its ``send`` compiled for the common case (no transaction, no
-    ``sequence``) and the general :meth:`Producer.send` for the rest."""
-
-    __slots__ = ()
-    send = batching_send
 
 
 SEQUENCE_LIMIT = 1 << 31

@@ -23,9 +23,8 @@ import bisect
 import heapq
 import struct
 
-from txmq._ackset import ack_in
 from txmq._redolog import RedoLog
-from txmq._txn import PendingAckTable
+from txmq._txn import PendingAckTable, ack_in
 from txmq._txnlog import PA_ABORT, PA_ACK, PA_COMMIT, PA_CUMULATIVE, pack_txn, replay_pending
 from txmq.dispatch import lane_invariant
 from txmq.errors import BrokerClosedError, SubscriptionTypeError, TransactionConflictError
@@ -63,6 +62,8 @@ class PendingAcks:
         self.name = subscription.name
         self.lock = subscription.lock        # the participant lock a transaction's end takes
         self.key = (self.topic.name, self.name)   # (the coordinator's key of it: register_subscription)
+        # What the compiled ack(m, txn=) reads (txmq._txn.ack_in), fixed for this object's life
+        self.route = (self.topic.name, subscription, subscription.lanes, self.key, self.lock)
 
     def __repr__(self) -> str:
         return repr(self.subscription)
@@ -297,7 +298,7 @@ class PendingAcks:
                     # then the pending-ack log and the coordinator's decision
                     # can redo this.
                     sub._apply_ack_ranges(lane, ranges, cumulative, sync=False)
-                    lane.pending.take(txn_id)
+                    lane.pending.drop(txn_id, ranges)
                 else:
                     offsets = lane.pending.take(txn_id)[0]
                     again = set(offsets)

@@ -68,6 +68,9 @@ class Partition(SegmentLog):
         self.producer_state = ProducerState(topic, index, producer_expiration_ms)
         self._listeners = []             # called with no lock held after an append
         self._end_listeners = []         # called with no lock held after a transaction's marker
+        # (hi, lo) -> (producer id, epoch) of an open transaction's first
+        # batch appended here by this object: what its marker carries.
+        self._txn_producers = {}
         os.makedirs(self.path, exist_ok=True)
         # Readers stop trusting the last opening's readview before recovery
         # cuts a tail or rewrites a .txnindex, and trust this one after.
@@ -211,6 +214,8 @@ class Partition(SegmentLog):
                     if added:
                         self.txns.undo_begin(txn_hi, txn_lo)
                     raise
+                if added:
+                    self._txn_producers[(txn_hi, txn_lo)] = (producer_id, producer_epoch)
                 if producer_id >= 0:         # (ProducerState.record, inline)
                     self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                                      self.last_publish_time)
@@ -388,9 +393,13 @@ class Partition(SegmentLog):
             if first < 0:
                 return -1
             # The marker carries the producer of the transaction's first batch
-            # here, as a Kafka marker does.
-            info = self.batch_starting_at(first)
-            pid, epoch = (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
+            # here, as a Kafka marker does (read back from it when the
+            # transaction began before this object opened the log).
+            pid_epoch = self._txn_producers.pop((hi, lo), None)
+            if pid_epoch is None:
+                info = self.batch_starting_at(first)
+                pid_epoch = (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
+            pid, epoch = pid_epoch
             base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
             # (an abort is also indexed in its marker's segment)
             snapshot = self.txns.ended(hi, lo, commit, base, pid, None if commit else self.segment_base(base))
