@@ -25,6 +25,10 @@ its extents) must go to the journal with it: one flush instead of data +
 journal. There a frame length of zero followed by zeros to the end of the
 file is the clean end of the log, not a torn frame.
 
+A frame that replay can do without (the coordinator log's COMMITTED and
+ABORTED) may be *deferred*: it has no write of its own and goes out at the
+front of the log's next write, or at close; a compaction drops it.
+
 What a payload holds is its log's business: each log's replay function
 decodes the payloads through ``_reader.Reader``, given each frame's
 position (``replay(positions=True)``, :func:`parse`), so a payload that does
@@ -54,6 +58,8 @@ from txmq._budget cimport Budgeted
 from txmq._budget import default_log_budget
 
 SNAPSHOT = 1
+# Deferred frames (RedoLog.defer) written at once when this many wait.
+DEFER_MAX = 64
 # Bytes of a frame before its payload: a frame at byte p of the file has its
 # payload at p + FRAME_HEADER_BYTES.
 FRAME_HEADER_BYTES = FRAME_HEADER_SIZE
@@ -168,6 +174,7 @@ class RedoLog(Budgeted):
         self.frames_since_snapshot = 0
         self._retry_at = 0             # frames: compact_due waits for this many after a refused compaction
         self.written = 0               # bytes appended by this object, ever
+        self._deferred = []            # encoded frames that go out with the next write (defer)
         self.synced_written = 0        # ... of which durable
         self._sync_lock = threading.Lock()
         try:
@@ -272,7 +279,36 @@ class RedoLog(Budgeted):
             self._write(buf)
             self.frames_since_snapshot += len(frames)
 
+    def defer(self, int frame_type, payload):
+        """Keep a frame that replay can do without (a crash that loses it
+        costs recovery some work, never an outcome) to go out at the front
+        of the next write, of :meth:`write_deferred` or of :meth:`close`:
+        no write of its own. A compaction drops it (its snapshot holds what
+        the frame said); :data:`DEFER_MAX` of them are written at once."""
+        self._deferred.append(frame(frame_type, payload))
+        if len(self._deferred) >= DEFER_MAX:
+            self.write_deferred()
+
+    def write_deferred(self):
+        """Write the deferred frames now (one write; none: nothing)."""
+        if self._deferred:
+            self._write(b"")
+
     def _write(self, buf):
+        deferred = self._deferred
+        if deferred:                     # (they go first, in the same write)
+            self._deferred = []
+            buf = b"".join(deferred) + buf
+            self.frames_since_snapshot += len(deferred)
+        try:
+            self._write_now(buf)
+        except BaseException:
+            if deferred:
+                self._deferred = deferred + self._deferred
+                self.frames_since_snapshot -= len(deferred)
+            raise
+
+    def _write_now(self, buf):
         end = self.size + len(buf)
         fd = self._use()
         try:
@@ -399,13 +435,20 @@ class RedoLog(Budgeted):
         self.size = len(buf)
         self.allocated = len(buf)        # (the next append writes the zeros ahead)
         self.frames_since_snapshot = 1
+        self._deferred = []              # (what they said, the snapshot holds)
         self.written += len(buf)
         if self.fsync != "never":
             self.synced_written = self.written
 
     def close(self):
+        """Write the deferred frames (a full disk: left out, as a crash
+        would) and close the file."""
         if self._shut:
             return
+        try:
+            self.write_deferred()
+        except OSError:
+            pass
         self._shut = True
         self.budget.leave(self)
         if self._fd >= 0:

@@ -281,3 +281,61 @@ def test_a_compaction_a_full_disk_refuses_leaves_the_log_as_it_was(tmp_path, mon
     assert log.compact_due(5) and log.try_compact(b"snap") is True
     assert [p for _, p in log.replay()] == [b"snap"]
     log.close()
+
+
+def test_a_deferred_frame_goes_out_at_the_front_of_the_next_write(tmp_path, monkeypatch):
+    """defer() writes nothing; the next write carries the deferred frames
+    first, in the same pwrite; close() writes what is still deferred."""
+    log = RedoLog(tmp_path / "l.log", "never")
+    writes = []
+    real_pwrite = os.pwrite
+
+    def counted(fd, data, pos):
+        writes.append(bytes(data))
+        return real_pwrite(fd, data, pos)
+
+    monkeypatch.setattr(os, "pwrite", counted)
+    log.append(2, b"a")
+    log.defer(7, b"done-1")
+    log.defer(7, b"done-2")
+    assert len(writes) == 1 and os.path.getsize(tmp_path / "l.log") == len(FILE_HEADER) + len(frame(2, b"a"))
+    log.append(3, b"b")
+    assert writes[1] == frame(7, b"done-1") + frame(7, b"done-2") + frame(3, b"b")
+    log.defer(7, b"done-3")
+    log.close()
+    assert len(writes) == 3 and writes[2] == frame(7, b"done-3")
+    monkeypatch.undo()
+    again = RedoLog(tmp_path / "l.log", "never")
+    assert again.replay() == [(2, b"a"), (7, b"done-1"), (7, b"done-2"), (3, b"b"), (7, b"done-3")]
+    assert again.frames_since_snapshot == 5
+    again.close()
+
+
+def test_deferred_frames_survive_a_refused_write_and_a_compaction_drops_them(tmp_path, monkeypatch):
+    """A write the disk refuses keeps the deferred frames for the next one;
+    a compaction drops them (its snapshot holds what they said); DEFER_MAX
+    of them are written at once."""
+    import errno
+    from txmq.errors import StorageFullError
+
+    log = RedoLog(tmp_path / "l.log", "commit")
+    log.defer(7, b"done")
+    real_pwrite = os.pwrite
+
+    def full(fd, data, pos):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(StorageFullError):
+        log.append(2, b"x")
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    log.append(2, b"y")
+    assert log.replay() == [(7, b"done"), (2, b"y")]
+    log.defer(7, b"gone")
+    log.compact(b"snap")
+    log.append(2, b"z")
+    assert log.replay() == [(SNAPSHOT, b"snap"), (2, b"z")]
+    for i in range(_redolog.DEFER_MAX):
+        log.defer(7, b"%d" % i)
+    assert [p for _, p in log.replay()][2:] == [b"%d" % i for i in range(_redolog.DEFER_MAX)]
+    log.close()

@@ -813,7 +813,10 @@ class ReadOnlyDirectory:
         PREPARED, COMMITTING, ABORTING) as dicts: id, state, timeout_ms,
         started_ms, partitions, subscriptions; a prepared one (also once
         decided) with its xid and prepared_ms. Replays the logs without
-        truncating."""
+        truncating. A live broker writes a transaction's final record with
+        its coordinator log's next write, at the latest at its next
+        timeout check (50 ms): until then a transaction that just ended is
+        listed COMMITTING or ABORTING."""
         root = os.path.join(self.path, "coordinator")
         names = {OPEN: "OPEN", PREPARED: "PREPARED", COMMITTING: "COMMITTING", ABORTING: "ABORTING"}
         out = []

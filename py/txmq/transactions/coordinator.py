@@ -15,7 +15,11 @@ has the frames) and a timeout tracker. Ending a transaction is two-phase:
 3. fan out: every partition writes its marker, every subscription applies or
    drops its pending acks, all in the page cache; a participant that fails
    is retried by the broker's scheduler until it succeeds;
-4. the final COMMITTED / ABORTED record; the transaction is forgotten.
+4. the final COMMITTED / ABORTED record, which has no write of its own:
+   it goes out at the front of the log's next write (another
+   transaction's frame, the periodic :meth:`TransactionCoordinator.expire`,
+   the close); the transaction is forgotten. A crash that loses it leaves
+   a decided transaction, which recovery applies again.
 
 Beginning writes nothing (sequences come from synced RESERVE blocks). A
 transaction's BEGIN goes out in the write of its first other frame:
@@ -567,7 +571,10 @@ class TransactionCoordinator:
     def _finish(self, meta: TxnMeta, commit: bool) -> None:
         with self.lock:
             if meta.logged:
-                self.log.append(TC_COMMITTED if commit else TC_ABORTED, pack_txn(*meta.words))
+                # (no write of its own: it goes out with the log's next
+                # write; a crash that loses it leaves a decided transaction,
+                # which recovery applies again)
+                self.log.defer(TC_COMMITTED if commit else TC_ABORTED, pack_txn(*meta.words))
             self.txns.pop(meta.id, None)
             self.stats["committed" if commit else "aborted"] += 1
             self._maybe_compact()
@@ -588,10 +595,17 @@ class TransactionCoordinator:
     # -- timeouts ------------------------------------------------------------------
 
     def expire(self) -> int:
-        """Abort every OPEN transaction past its timeout; return how many."""
+        """Abort every OPEN transaction past its timeout; return how many.
+        The final records waiting for the log's next write are written (so
+        an idle coordinator's log names its ended transactions within one
+        period of the scheduler)."""
         now = time.monotonic()
         due = []
         with self.lock:
+            try:
+                self.log.write_deferred()
+            except StorageFullError:
+                pass                # (they wait for a later write)
             while self._timeouts and self._timeouts[0][0] <= now:
                 _, seq = heapq.heappop(self._timeouts)
                 meta = self.txns.get(TxnID(self.id, seq))
