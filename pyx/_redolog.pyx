@@ -51,7 +51,10 @@ import threading
 
 from txmq.errors import CorruptLogError, StorageFullError
 
-from _bytes cimport load_u32, store_u32, crc32c
+from _bytes cimport load_u32, store_u32, crc32c, NOGIL_THRESHOLD
+from cpython.exc cimport PyErr_CheckSignals
+from libc.errno cimport errno as c_errno, EINTR
+from posix.unistd cimport pwrite
 
 from _redo_layout cimport *
 from txmq._budget cimport Budgeted
@@ -65,6 +68,31 @@ DEFER_MAX = 64
 FRAME_HEADER_BYTES = FRAME_HEADER_SIZE
 FILE_HEADER = REDO_MAGIC.to_bytes(4, "little") + bytes([REDO_VERSION, 0, 0, 0])
 assert len(FILE_HEADER) == FILE_HEADER_SIZE and FRAME_HEADER_SIZE == 9
+
+
+def pwrite_all(int fd, bytes buf, Py_ssize_t pos):
+    """Write all of ``buf`` at ``pos`` of ``fd`` (a short write is carried
+    on; OSError as ``os.pwrite`` raises it). A write below
+    ``NOGIL_THRESHOLD`` bytes (every frame but a snapshot's) keeps the GIL:
+    it lands in the page cache in about a microsecond, while handing the
+    GIL to another thread and taking it back costs a switch each way, and
+    under load a wait behind that thread's Python work."""
+    cdef const char *p = PyBytes_AS_STRING(buf)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(buf), done = 0
+    cdef ssize_t rc
+    cdef bint release = n >= NOGIL_THRESHOLD
+    while done < n:
+        if release:
+            with nogil:
+                rc = pwrite(fd, p + done, n - done, pos + done)
+        else:
+            rc = pwrite(fd, p + done, n - done, pos + done)
+        if rc < 0:
+            if c_errno == EINTR:
+                PyErr_CheckSignals()
+                continue
+            raise OSError(c_errno, os.strerror(c_errno))
+        done += rc
 
 
 def payload_position_of(tuple frame):
@@ -314,11 +342,7 @@ class RedoLog(Budgeted):
         try:
             if self.preallocate and end > self.allocated:
                 self._extend(end)
-            n = os.pwrite(fd, buf, self.size)
-            if n != len(buf):  # a short write leaves a torn frame; rewrite the rest
-                view = memoryview(buf)
-                while n < len(buf):
-                    n += os.pwrite(fd, view[n:], self.size + n)
+            pwrite_all(fd, buf, self.size)
         except OSError as e:
             # Nothing of a failed append stays: the next one starts where it
             # did (and writes its zeros ahead again).

@@ -52,7 +52,7 @@ import time
 
 from txmq.errors import CorruptLogError, StorageFullError
 
-from _bytes cimport load_u16, load_u32, load_i32, load_i64, load_u64
+from _bytes cimport load_u16, load_u32, load_i32, load_i64, load_u64, NOGIL_THRESHOLD
 from _batch_layout cimport *
 from txmq._budget cimport Budget
 from txmq._segment_file cimport SegmentFile
@@ -68,6 +68,20 @@ cdef enum:
     # Below this a batch is copied into the mapping, above it written with
     # pwritev: the crossover of a per-page fault and a per-batch syscall.
     SMALL_BATCH_BYTES = 2048
+
+cdef ssize_t _store(Pieces *pieces, char *dst, int fd, Py_ssize_t start) noexcept nogil:
+    """Seal the encoded batch ``pieces`` and copy it once: into ``dst``
+    (the writable mapping at ``start``) when it is not NULL, else with
+    ``pwritev`` at ``start`` of ``fd``; -1 (errno set) when that fails."""
+    cdef Py_ssize_t i
+    seal(pieces)
+    if dst == NULL:
+        return _pwritev_all(fd, pieces.iov, pieces.n, start)
+    for i in range(pieces.n):
+        memcpy(dst, pieces.iov[i].iov_base, pieces.iov[i].iov_len)
+        dst += pieces.iov[i].iov_len
+    return 0
+
 
 cdef ssize_t _pwritev_all(int fd, iovec *iov, Py_ssize_t n, Py_ssize_t pos) noexcept nogil:
     """pwritev every piece at ``pos``, IOV_MAX at a time, across short
@@ -222,15 +236,13 @@ cdef class Segment(SegmentFile):
         try:
             spec.encode(&pieces, flags, base, txn_hi, txn_lo, producer_id, producer_epoch,
                         base_sequence, publish_time)
-            with nogil:
-                seal(&pieces)
-                if dst != NULL:
-                    for i in range(pieces.n):
-                        memcpy(dst, pieces.iov[i].iov_base, pieces.iov[i].iov_len)
-                        dst += pieces.iov[i].iov_len
-                    rc = 0
-                else:
-                    rc = _pwritev_all(self.fd, pieces.iov, pieces.n, start)
+            # (a small batch keeps the GIL: handing it over and taking it
+            # back would cost more than the copy; see _redolog.pwrite_all)
+            if pieces.length >= NOGIL_THRESHOLD:
+                with nogil:
+                    rc = _store(&pieces, dst, self.fd, start)
+            else:
+                rc = _store(&pieces, dst, self.fd, start)
             if rc < 0:
                 if errno == ENOSPC or errno == EDQUOT:
                     raise StorageFullError(self.path, pieces.length, errno)

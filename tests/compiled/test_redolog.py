@@ -288,13 +288,13 @@ def test_a_deferred_frame_goes_out_at_the_front_of_the_next_write(tmp_path, monk
     first, in the same pwrite; close() writes what is still deferred."""
     log = RedoLog(tmp_path / "l.log", "never")
     writes = []
-    real_pwrite = os.pwrite
+    real_pwrite = _redolog.pwrite_all
 
     def counted(fd, data, pos):
         writes.append(bytes(data))
         return real_pwrite(fd, data, pos)
 
-    monkeypatch.setattr(os, "pwrite", counted)
+    monkeypatch.setattr(_redolog, "pwrite_all", counted)
     log.append(2, b"a")
     log.defer(7, b"done-1")
     log.defer(7, b"done-2")
@@ -320,15 +320,15 @@ def test_deferred_frames_survive_a_refused_write_and_a_compaction_drops_them(tmp
 
     log = RedoLog(tmp_path / "l.log", "commit")
     log.defer(7, b"done")
-    real_pwrite = os.pwrite
+    real_pwrite = _redolog.pwrite_all
 
     def full(fd, data, pos):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "pwrite", full)
+    monkeypatch.setattr(_redolog, "pwrite_all", full)
     with pytest.raises(StorageFullError):
         log.append(2, b"x")
-    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    monkeypatch.setattr(_redolog, "pwrite_all", real_pwrite)
     log.append(2, b"y")
     assert log.replay() == [(7, b"done"), (2, b"y")]
     log.defer(7, b"gone")
@@ -339,3 +339,22 @@ def test_deferred_frames_survive_a_refused_write_and_a_compaction_drops_them(tmp
         log.defer(7, b"%d" % i)
     assert [p for _, p in log.replay()][2:] == [b"%d" % i for i in range(_redolog.DEFER_MAX)]
     log.close()
+
+
+@pytest.mark.parametrize("n", [10, 70_000])
+def test_pwrite_all_writes_every_byte_with_or_without_the_gil(tmp_path, n):
+    """A small frame is written holding the GIL, a large one (a snapshot)
+    releasing it; both whole, at their position; a bad descriptor is an
+    OSError naming its errno, as os.pwrite's."""
+    import errno
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        data = bytes(range(256)) * (n // 256) + b"x" * (n % 256)
+        _redolog.pwrite_all(fd, data, 5)
+        assert open(path, "rb").read() == b"\0" * 5 + data
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as e:
+        _redolog.pwrite_all(fd, b"x", 0)
+    assert e.value.errno == errno.EBADF
