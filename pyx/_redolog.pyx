@@ -26,8 +26,9 @@ journal. There a frame length of zero followed by zeros to the end of the
 file is the clean end of the log, not a torn frame.
 
 A frame that replay can do without (the coordinator log's COMMITTED and
-ABORTED) may be *deferred*: it has no write of its own and goes out at the
-front of the log's next write, or at close; a compaction drops it.
+ABORTED, a cursor's frame of a committed transaction's acks) may be
+*deferred*: it has no write of its own and goes out at the front of the
+log's next write, at a sync, or at close; a compaction drops it.
 
 What a payload holds is its log's business: each log's replay function
 decodes the payloads through ``_reader.Reader``, given each frame's
@@ -315,11 +316,15 @@ class RedoLog(Budgeted):
         the frame said); :data:`DEFER_MAX` of them are written at once."""
         self._deferred.append(frame(frame_type, payload))
         if len(self._deferred) >= DEFER_MAX:
-            self.write_deferred()
+            try:
+                self.write_deferred()
+            except OSError:
+                pass               # (a full disk: they wait for a later write)
 
     def write_deferred(self):
-        """Write the deferred frames now (one write; none: nothing)."""
-        if self._deferred:
+        """Write the deferred frames now (one write; none, or the log
+        closed: nothing)."""
+        if self._deferred and not self._shut:
             self._write(b"")
 
     def _write(self, buf):
@@ -393,7 +398,9 @@ class RedoLog(Budgeted):
             self.synced_written = target
 
     def sync(self, force=False):
-        """fdatasync unless the mode is ``"never"`` (``force`` syncs anyway)."""
+        """Write the deferred frames, then fdatasync unless the mode is
+        ``"never"`` (``force`` syncs anyway)."""
+        self.write_deferred()
         if force or self.fsync != "never":
             fd = self._use()
             try:

@@ -554,3 +554,26 @@ def test_the_timer_snapshot_syncs_the_txnindex_first(tmp_path, monkeypatch):
         assert part.snapshot_txn_buffer()
         assert any(p.endswith(".txnindex") for p in synced)
         assert b.stats()["producers"]["registry_problems_on_open"] == []
+
+
+def test_send_batch_ids_of_one_partition_read_as_those_of_several(broker):
+    """``send_batch`` to one partition returns its ids as a run (base
+    offset and count, arrays made on first use): they index, slice,
+    compare and print as the ids of a keyed batch over several partitions."""
+    import numpy as np
+    from txmq.message import MessageIds
+    broker.create_topic("runs", 3)
+    p = broker.producer("runs")
+    p.send_batch([b"a", b"b"], partition=2)
+    ids = p.send_batch([b"x%d" % i for i in range(6)], partition=2)
+    arrays = MessageIds("runs", np.full(6, 2, np.int32), np.arange(2, 8, dtype=np.int64))
+    assert ids == arrays and len(ids) == 6 and repr(ids) == repr(arrays)
+    assert [ids[i] for i in range(-6, 6)] == [arrays[i] for i in range(-6, 6)]
+    assert list(ids[1:4]) == list(arrays[1:4]) and ids[np.int64(3)] == txmq.MessageId("runs", 2, 5)
+    assert ids.offsets.tolist() == list(range(2, 8)) and ids.partitions.dtype == np.int32
+    assert set(ids.partitions.tolist()) == {2}
+    for bad in (6, -7):
+        with pytest.raises(IndexError):
+            ids[bad]
+    got = broker.subscribe("runs", "s", initial_position="earliest").receive_many(10, 1.0)
+    assert [(m.partition, m.offset) for m in got if m.value.startswith(b"x")] == [(2, o) for o in range(2, 8)]

@@ -340,13 +340,14 @@ def test_inspection_of_subscriptions_and_transactions(tmp_path):
         assert open_txn["id"] == str(t.id) and open_txn["state"] == "OPEN"
         assert open_txn["partitions"] == ["t/0"] and open_txn["subscriptions"] == ["t/s"]
         t.commit()
-        assert ro.subscription("t", "s")["partitions"][0]["mark_delete"] == 3
-        # Its COMMITTED frame waits for the coordinator log's next write,
-        # which the broker's scheduler makes within one timeout check.
+        # Its COMMITTED frame and its cursor frame wait for their logs' next
+        # write, which the broker's scheduler makes within one timeout check.
         deadline = time.monotonic() + 10
-        while ro.transactions() and time.monotonic() < deadline:
+        while ((ro.transactions() or ro.subscription("t", "s")["partitions"][0]["mark_delete"] != 3)
+               and time.monotonic() < deadline):
             time.sleep(0.01)
         assert ro.transactions() == []
+        assert ro.subscription("t", "s")["partitions"][0]["mark_delete"] == 3
     finally:
         b.close()
 

@@ -318,3 +318,82 @@ def test_inspection_names_what_a_decided_commit_covers(tmp_path):
     assert (info["id"], info["state"], info["subscriptions"]) == (txn, "COMMITTING", ["in/s"])
     with txmq.Broker(data, fsync="never", num_coordinators=1) as b:     # the commit is completed
         assert b.subscribe("in", "s").receive_many(10, 0.3) == []
+
+
+DEFERRED_LOST = r"""
+import os, signal, sys, txmq
+import txmq.broker.broker as broker_module
+broker_module.TIMEOUT_CHECK_INTERVAL = 3600     # (no periodic write of the deferred frames)
+b = txmq.Broker(sys.argv[1], fsync="never", num_coordinators=1)
+b.create_topic("in")
+b.create_topic("out")
+b.producer("in").send_batch([b"m%d" % i for i in range(10)])
+c = b.subscribe("in", "s", initial_position="earliest")
+p = b.producer("out")
+cursor = os.path.join(sys.argv[1], "subscriptions", "in", "s", "cursor-0.log")
+for k in range(int(sys.argv[2])):
+    msgs = c.receive_many(2, 1.0)
+    txn = b.new_transaction()
+    for m in msgs:
+        p.send(m.value.upper(), txn=txn)
+        c.ack(m, txn=txn)
+    before = os.path.getsize(cursor)
+    txn.commit()
+    assert os.path.getsize(cursor) == before      # its cursor frame waits for the log's next write
+print(txn.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)   # the deferred COMMITTED and cursor frames are lost with the process
+"""
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_commit_whose_deferred_frames_a_crash_lost_is_applied_by_recovery(tmp_path, n):
+    """A committed transaction's COMMITTED frame and its cursor frame have
+    no write of their own: a SIGKILL right after the commit loses both.
+    Reopening applies its decision again: its outputs are there once, its
+    inputs never come again (exactly once)."""
+    data = str(tmp_path / "d")
+    out = subprocess.run([sys.executable, "-c", DEFERRED_LOST, data, str(n)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    last = out.stdout.split()[-1]
+    assert L.TC_COMMITTED not in [k for k, payload in frames(tc_log(data))
+                                  if payload[:16] == L.pack_txn(*txmq.TxnID.parse(last).words)]
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        outs = b.subscribe("out", "o", initial_position="earliest").receive_many(100, 1.0)
+        assert [m.value for m in outs] == [b"M%d" % i for i in range(2 * n)]
+        left = b.subscribe("in", "s").receive_many(100, 1.0)
+        assert [m.value for m in left] == [b"m%d" % i for i in range(2 * n, 10)]
+        assert b.recovered_transactions["aborted"] == 0
+
+
+def test_a_refused_write_of_deferred_frames_stops_no_timeout(tmp_path, monkeypatch):
+    """The timeout check writes the deferred final records after its
+    aborts: a full disk refusing that write aborts the timed-out
+    transactions all the same, and the records go out once there is room."""
+    import errno
+    import time
+    from txmq import TxnState
+    data = str(tmp_path / "d")
+    b = txmq.Broker(data, fsync="never", num_coordinators=1)
+    try:
+        b.create_topic("t")
+        p = b.producer("t")
+        done = b.new_transaction()
+        p.send(b"a", txn=done).offset
+        done.commit()                                  # its COMMITTED frame waits for the next write
+
+        def full(fd, data, pos):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(_redolog, "pwrite_all", full)
+        late = b.new_transaction(0.1)
+        deadline = time.monotonic() + 10
+        while late.state is TxnState.OPEN and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert late.state is TxnState.ABORTED
+        assert L.TC_COMMITTED not in kinds_of(tc_log(data), done)
+        monkeypatch.undo()
+        final_records_written(b)
+        assert kinds_of(tc_log(data), done)[-1] == L.TC_COMMITTED
+    finally:
+        b.close()

@@ -666,13 +666,18 @@ class Broker(Recovery, PreparedTransactions):
         if meta.state is TxnState.PREPARED:
             raise InvalidTxnStateError(meta.id, meta.state.value, "force-abort (abort_prepared ends a prepared "
                                                                   "transaction)")
-        self._coordinator_of(meta).end(meta, False, reason="forced")
+        tc = self._coordinator_of(meta)
+        tc.end(meta, False, reason="forced")
+        tc.write_deferred()        # (an operator's end: tools reading the directory see it at once)
 
     def _expire_transactions(self) -> None:
-        for tc in self._coordinators[:self.num_coordinators]:
+        for i, tc in enumerate(self._coordinators):
             if self._closed:
                 return
-            tc.expire()
+            if i < self.num_coordinators:
+                tc.expire()
+            else:                  # (one kept from an opening with more: its restored prepared transactions)
+                tc.write_deferred()
 
     def _retry_transactions(self) -> None:
         for tc in self._coordinators:

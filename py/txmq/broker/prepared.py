@@ -63,7 +63,9 @@ class PreparedTransactions:
         :class:`TransactionNotFoundError` if it is not known."""
         meta = self._prepared(txn_id, True)
         if meta is not None:
-            self._coordinator_of(meta).end(meta, True)
+            tc = self._coordinator_of(meta)
+            tc.end(meta, True)
+            tc.write_deferred()        # (an operator's end: tools reading the directory see it at once)
 
     def abort_prepared(self, txn_id) -> None:
         """Abort the PREPARED transaction ``txn_id``: its messages are
@@ -73,7 +75,9 @@ class PreparedTransactions:
         :class:`TransactionNotFoundError` if it is not known."""
         meta = self._prepared(txn_id, False)
         if meta is not None:
-            self._coordinator_of(meta).end(meta, False)
+            tc = self._coordinator_of(meta)
+            tc.end(meta, False)
+            tc.write_deferred()
 
     def prepared_outcome(self, txn_id):
         """``TxnState.PREPARED`` while ``txn_id`` is prepared, then

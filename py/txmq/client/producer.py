@@ -296,8 +296,7 @@ class Producer:
                 p = self._partition(None, partition)
                 spec = BatchSpec(values, keys, headers, event_times)
                 base = self._append(p, spec, txn, sequence)
-                return MessageIds(self._topic.name, np.full(n, p.index, np.int32),
-                                  np.arange(base, base + n, dtype=np.int64))
+                return MessageIds.run(self._topic.name, p.index, base, n)
             for what, column in (("keys", keys), ("headers", headers), ("event_times", event_times)):
                 if column is not None and len(column) != n:     # (split by index below)
                     raise InvalidMessageError(f"{what} (expected {n} entries)", len(column))

@@ -62,6 +62,7 @@ class PendingAcks:
         self.name = subscription.name
         self.lock = subscription.lock        # the participant lock a transaction's end takes
         self.key = (self.topic.name, self.name)   # (the coordinator's key of it: register_subscription)
+        self._unwritten = set()      # lanes whose cursor log holds deferred frames (write_deferred)
         # What the compiled ack(m, txn=) reads (txmq._txn.ack_in), fixed for this object's life
         self.route = (self.topic.name, subscription, subscription.lanes, self.key, self.lock)
 
@@ -293,12 +294,13 @@ class PendingAcks:
                 if commit:
                     # (acks never framed here need no frame now: the
                     # decision record names them all)
-                    # Cursor frames stay in the page cache, and the COMMIT
-                    # frame waits until they are synced (flush): until
-                    # then the pending-ack log and the coordinator's decision
-                    # can redo this.
-                    sub._apply_ack_ranges(lane, ranges, cumulative, sync=False)
+                    # Cursor frames wait for the cursor log's next write
+                    # or sync (RedoLog.defer), and the COMMIT frame until
+                    # they are synced (flush): until then the pending-ack
+                    # log and the coordinator's decision can redo this.
+                    sub._apply_ack_ranges(lane, ranges, cumulative, sync=False, defer=True)
                     lane.pending.drop(txn_id, ranges)
+                    self._unwritten.add(lane)
                 else:
                     offsets = lane.pending.take(txn_id)[0]
                     again = set(offsets)
@@ -350,11 +352,24 @@ class PendingAcks:
             for lane in sub.lanes:
                 self.sync_commits(lane)
 
+    def write_deferred(self) -> None:
+        """Write the cursor frames of committed transactions that wait for
+        their log's next write (the coordinator's periodic timeout check
+        calls it, so another process reading the cursor is not behind for
+        long)."""
+        sub = self.subscription
+        with sub.lock:
+            lanes, self._unwritten = self._unwritten, set()
+            for lane in lanes:
+                if not lane.cursor.log.closed:
+                    lane.cursor.log.write_deferred()
+
     def sync_commits(self, lane) -> None:
         if not lane.unsynced_commits:
             return
         if not lane.cursor.log.closed:
-            lane.cursor.log.sync()
+            lane.cursor.log.sync()             # (its deferred frames first)
+            self._unwritten.discard(lane)
         frames = [(PA_COMMIT, f) for f in lane.unsynced_commits if f is not None]
         if frames:
             lane.pending_log.append_many(frames)

@@ -580,11 +580,14 @@ class Subscription(OutOfOrderDelivery, ArrowDelivery):
             self._trim_ranges(lane)
         return n
 
-    def _apply_ack_ranges(self, lane: _Lane, ranges: list, cumulative: int = -1, sync: bool = True) -> None:
+    def _apply_ack_ranges(self, lane: _Lane, ranges: list, cumulative: int = -1, sync: bool = True,
+                          defer: bool = False) -> None:
         """:meth:`_apply_acks` of offsets given as sorted ``[(start, end)]``
         ranges (a transaction's pending acks): one cursor frame per range
-        (lock held). The offsets left every dispatch state when they were
-        acked in the transaction; only their redelivery counts remain."""
+        (lock held; ``defer``: frames with no write of their own,
+        ``Cursor.ack_range``). The offsets left every dispatch state when
+        they were acked in the transaction; only their redelivery counts
+        remain."""
         if len(ranges) > 8:      # scattered: one frame of offsets beats many of ranges
             offsets = [o for a, b in ranges for o in range(a, b)]
             self._apply_acks(lane, offsets, cumulative, sync)
@@ -593,7 +596,7 @@ class Subscription(OutOfOrderDelivery, ArrowDelivery):
         if cumulative >= 0:
             self._apply_acks(lane, (), cumulative, sync)
         for a, b in ranges:
-            cursor.ack_range(a, b, sync)
+            cursor.ack_range(a, b, sync, defer)
         counts = lane.redelivery_count
         if counts:
             pop = counts.pop

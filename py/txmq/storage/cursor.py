@@ -182,19 +182,23 @@ class Cursor(CursorState):
         self._persisted(sync)
         return new
 
-    def ack_range(self, start: int, end: int, sync: bool = True) -> int:
-        """Acknowledge [start, end) (the batch fast path); return how many were new."""
+    def ack_range(self, start: int, end: int, sync: bool = True, defer: bool = False) -> int:
+        """Acknowledge [start, end) (the batch fast path); return how many
+        were new. ``defer``: the frame has no write of its own (it goes out
+        with the log's next write or sync: ``RedoLog.defer``), for a
+        committed transaction's acks, which its decision record can redo."""
         start = max(start, self.mark_delete)
         if end <= start:
             return 0
         before = self.acked.count_in(start, end)
         if before == end - start:
             return 0
+        write = self.log.defer if defer else self.log.append
         if start == self.mark_delete:
-            self.log.append(MARK_DELETE, _I64.pack(end))
+            write(MARK_DELETE, _I64.pack(end))
             self._set_mark_delete(end)
         else:
-            self.log.append(ACK_RANGE, struct.pack("<qq", start, end))
+            write(ACK_RANGE, struct.pack("<qq", start, end))
             self.acked.add_range(start, end)
         self._persisted(sync)
         return (end - start) - before

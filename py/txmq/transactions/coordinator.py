@@ -58,7 +58,7 @@ from txmq._txnlog import (ABORTED, ABORTING, COMMITTED, COMMITTING, OPEN, PREPAR
                           TC_ADD_PARTITION, TC_ADD_SUBSCRIPTION, TC_BEGIN, TC_COMMITTED, TC_COMMITTING, TC_DECIDED,
                           TC_FORGET, TC_PREPARED, TC_PRODUCER, TC_RESERVE, encode_coordinator_snapshot, encode_prepared,
                           encode_producer, encode_text, pack_txn, replay_coordinator)
-from txmq.errors import BrokerClosedError, InvalidTxnStateError
+from txmq.errors import BrokerClosedError, InvalidTxnStateError, StorageFullError
 from txmq.transactions import decision
 from txmq.transactions.producer_ids import reserve_block
 from txmq.transactions.records import TxnID, TxnMeta, TxnState
@@ -596,16 +596,12 @@ class TransactionCoordinator:
 
     def expire(self) -> int:
         """Abort every OPEN transaction past its timeout; return how many.
-        The final records waiting for the log's next write are written (so
-        an idle coordinator's log names its ended transactions within one
-        period of the scheduler)."""
+        Then :meth:`write_deferred` (the broker's scheduler calls this every
+        timeout check, so a log names its ended transactions within one
+        period)."""
         now = time.monotonic()
         due = []
         with self.lock:
-            try:
-                self.log.write_deferred()
-            except StorageFullError:
-                pass                # (they wait for a later write)
             while self._timeouts and self._timeouts[0][0] <= now:
                 _, seq = heapq.heappop(self._timeouts)
                 meta = self.txns.get(TxnID(self.id, seq))
@@ -619,6 +615,30 @@ class TransactionCoordinator:
                     meta = self.txns.get(TxnID.from_words(*words)) if outcome == PREPARED else None
                     if meta is not None and meta.state is TxnState.PREPARED:
                         due.append((meta, "prepared timeout"))
+        try:
+            return self._end_due(due)
+        finally:
+            self.write_deferred()
+
+    def write_deferred(self) -> None:
+        """Write what waits for its log's next write: the final records
+        (COMMITTED, ABORTED) of this log and the cursor frames of the acks
+        its commits applied (``RedoLog.defer``). A write that fails (a
+        full disk) leaves them waiting for a later one; nothing is raised."""
+        with self.lock:
+            try:
+                self.log.write_deferred()
+            except (OSError, ValueError) as e:     # (ValueError: the log is closed)
+                log.debug("txmq: %s: deferred frames not written: %s", self.log.path, e)
+            touched = [x for x in self._touched.values() if not isinstance(x.topic, str)]
+        for x in touched:
+            try:
+                x.write_deferred()
+            except (OSError, ValueError, BrokerClosedError) as e:
+                log.debug("txmq: deferred cursor frames of %r not written: %s", x, e)
+
+    def _end_due(self, due: list) -> int:
+        """Abort the transactions of ``due`` ([(meta, reason)]); how many."""
         n = 0
         for meta, reason in due:
             try:
@@ -696,4 +716,5 @@ class TransactionCoordinator:
                 if meta.state is TxnState.OPEN:
                     meta.state = TxnState.ABORTED
                     meta.reason = "closed"
-        self.log.close()
+        with self.lock:            # (it writes the deferred frames)
+            self.log.close()
