@@ -359,7 +359,7 @@ def producer_send(self, value, key=None, headers=None, event_time=None, partitio
         meta = None
         if txn is None:
             if not self._batched:
-                plain = not self._accs        # (else a transaction's batch here is appended first)
+                plain = True                  # (unless a transaction's batch waits on the partition: below)
             elif not self._accs:
                 accs = self._plain
         elif type(txn) is _Transaction and txn._broker is self._broker and not self._plain:
@@ -385,6 +385,10 @@ def producer_send(self, value, key=None, headers=None, event_time=None, partitio
                     p = parts[0]
                 else:
                     p = parts[next(self._rr) % n]
+                if p is not None and plain and self._accs:
+                    acc = self._accs.get(p)
+                    if acc is not None and acc.pending:
+                        p = None      # (the general send appends that batch first: this send comes after it)
                 if p is not None:
                     if plain:     # one message, in the log when this returns
                         spec = BatchSpec([value], None if key is None else [key], [headers] if headers else None,

@@ -224,6 +224,26 @@ def test_a_send_in_a_transaction_no_longer_open_is_refused(broker):
     assert values(broker) == [b"a", b"b"]
 
 
+def test_a_plain_send_after_a_transactions_batch_comes_after_it(broker):
+    """A plain producer that sends inside transactions too: its plain send
+    to a partition where its transaction's batch waits appends that batch
+    first (the general send); once the batch is appended, plain sends are
+    the compiled call's again, and every send keeps its order."""
+    from txmq.testing.counters import count_calls
+    broker.create_topic("t", 1)
+    p = broker.producer("t")
+    txn = broker.new_transaction()
+    first = p.send(b"in-txn", txn=txn)                # accumulating
+    plain = p.send(b"plain")                          # appends the transaction's batch first
+    assert first.offset < plain.offset
+    txn.commit()
+    p.send(b"warm")
+    assert count_calls(p.send, b"again") == count_calls(
+        broker.producer("t").send, b"fresh")
+    got = broker.subscribe("t", "s", initial_position="earliest").receive_many(10, 1.0)
+    assert [m.value for m in got] == [b"in-txn", b"plain", b"warm", b"again", b"fresh"]
+
+
 def test_a_failed_append_is_raised_by_the_ids_the_flush_and_later_sends(broker, monkeypatch):
     """Nothing is lost in silence: an append the log refuses (a full disk)
     is raised by the ids of its messages, by flush and by every later send
