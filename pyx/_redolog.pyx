@@ -314,6 +314,8 @@ class RedoLog(Budgeted):
         of the next write, of :meth:`write_deferred` or of :meth:`close`:
         no write of its own. A compaction drops it (its snapshot holds what
         the frame said); :data:`DEFER_MAX` of them are written at once."""
+        if self._shut:
+            raise ValueError(f"{self.path}: log is closed")      # (as append)
         self._deferred.append(frame(frame_type, payload))
         if len(self._deferred) >= DEFER_MAX:
             try:
@@ -420,6 +422,11 @@ class RedoLog(Budgeted):
         full disk refused, if any, so a full disk is not retried per frame."""
         return self.frames_since_snapshot >= frames and self.frames_since_snapshot >= self._retry_at
 
+    def defer_compaction(self, retry_frames=COMPACT_RETRY_FRAMES):
+        """:meth:`compact_due` stays false for ``retry_frames`` more frames
+        (the owner could not compact now: a full disk)."""
+        self._retry_at = self.frames_since_snapshot + retry_frames
+
     def try_compact(self, snapshot_payload, retry_frames=COMPACT_RETRY_FRAMES):
         """:meth:`compact` as housekeeping: False (the log unchanged, still
         valid) when the disk is full, and :meth:`compact_due` stays false
@@ -427,7 +434,7 @@ class RedoLog(Budgeted):
         try:
             self.compact(snapshot_payload)
         except StorageFullError:
-            self._retry_at = self.frames_since_snapshot + retry_frames
+            self.defer_compaction(retry_frames)
             return False
         self._retry_at = 0
         return True

@@ -397,3 +397,65 @@ def test_a_refused_write_of_deferred_frames_stops_no_timeout(tmp_path, monkeypat
         assert kinds_of(tc_log(data), done)[-1] == L.TC_COMMITTED
     finally:
         b.close()
+
+
+def test_a_compaction_whose_participant_cannot_be_made_durable_forgets_nothing(tmp_path, monkeypatch):
+    """Compaction makes the participants that applied commits durable
+    before the log forgets their decisions. When one cannot be (a full
+    disk refusing its deferred cursor frames), a housekeeping compaction
+    forgets nothing and keeps every participant to make durable later; the
+    next compaction does it, cursor frames included."""
+    from txmq.errors import StorageFullError
+    data = str(tmp_path / "d")
+    b = txmq.Broker(data, fsync="never", num_coordinators=1)
+    try:
+        b.create_topic("in")
+        b.producer("in").send_batch([b"m%d" % i for i in range(5)])
+        c = b.subscribe("in", "s", initial_position="earliest")
+        txn = b.new_transaction()
+        c.ack(c.receive_many(2, 1.0), txn=txn)
+        txn.commit()
+        tc = b._coordinators[0]
+        pending = b._topics["in"].subscriptions["s"].pending_acks
+        assert list(tc._touched.values()) == [pending]
+        real_flush = pending.flush
+
+        def full():
+            raise StorageFullError(pending.name, 100)
+
+        monkeypatch.setattr(pending, "flush", full)
+        with tc.lock:
+            tc._compact(housekeeping=True)             # refused: nothing forgotten, nothing raised
+        assert list(tc._touched.values()) == [pending]
+        assert L.TC_DECIDED in kinds_of(tc_log(data), txn)
+        monkeypatch.setattr(pending, "flush", real_flush)
+        tc.compact()
+        assert kinds_of(tc_log(data), txn) == []       # forgotten now, its acks durable first
+        ro = txmq.readonly.open(data)
+        assert ro.subscription("in", "s")["partitions"][0]["mark_delete"] == 2
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("move", ["seek", "resubscribe"])
+def test_a_seek_after_a_commit_holds_after_a_reopen(tmp_path, move):
+    """Recovery applies every decision its coordinator log still holds.
+    A subscription that moves its cursor back after a commit (a seek, or
+    removed and made again) has the log forget the decisions it applied
+    first, so reopening does not apply them again over the move."""
+    data = str(tmp_path / "d")
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        b.create_topic("in")
+        b.producer("in").send_batch([b"m%d" % i for i in range(10)])
+        c = b.subscribe("in", "s", initial_position="earliest")
+        txn = b.new_transaction()
+        c.ack(c.receive_many(10, 1.0), txn=txn)
+        txn.commit()
+        if move == "seek":
+            c.seek("earliest")
+        else:
+            c.unsubscribe()
+            c = b.subscribe("in", "s", initial_position="earliest")
+        assert len(c.receive_many(20, 1.0)) == 10
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        assert len(b.subscribe("in", "s").receive_many(20, 1.0)) == 10

@@ -579,6 +579,7 @@ class Broker(Recovery, PreparedTransactions):
             if others:
                 raise SubscriptionBusyError(sub.topic.name, sub.name)
             consumer.close()
+            self._forget_applied(sub.pending_acks)   # (a subscription made again later starts clean)
             sub.topic.subscriptions.pop(sub.name, None)
             sub.close()
             datadir.remove_renamed(sub.path, self.fsync != "never")
@@ -669,6 +670,12 @@ class Broker(Recovery, PreparedTransactions):
         tc = self._coordinator_of(meta)
         tc.end(meta, False, reason="forced")
         tc.write_deferred()        # (an operator's end: tools reading the directory see it at once)
+
+    def _forget_applied(self, participant) -> None:
+        """No coordinator log holds a decision ``participant`` applied
+        (TransactionCoordinator.forget_applied): it moved its cursor."""
+        for tc in self._coordinators:
+            tc.forget_applied(participant)
 
     def _expire_transactions(self) -> None:
         for i, tc in enumerate(self._coordinators):

@@ -359,10 +359,16 @@ class PendingAcks:
         long)."""
         sub = self.subscription
         with sub.lock:
-            lanes, self._unwritten = self._unwritten, set()
-            for lane in lanes:
-                if not lane.cursor.log.closed:
+            lanes = list(self._unwritten)
+            self._unwritten.clear()
+            for i, lane in enumerate(lanes):
+                if lane.cursor.log.closed:
+                    continue
+                try:
                     lane.cursor.log.write_deferred()
+                except BaseException:
+                    self._unwritten.update(lanes[i:])     # (still waiting: the next check tries again)
+                    raise
 
     def sync_commits(self, lane) -> None:
         if not lane.unsynced_commits:

@@ -712,6 +712,8 @@ class Subscription(OutOfOrderDelivery, ArrowDelivery):
             if lane_invariant.DEBUG:
                 _changed(self.lanes)
             self.cond.notify_all()
+        # (outside the lock: a compaction takes the coordinator's, then this one)
+        self.broker._forget_applied(self.pending_acks)
 
     # -- state -------------------------------------------------------------------
 

@@ -156,6 +156,16 @@ class TransactionCoordinator:
         with self.lock:
             self._compact()
 
+    def forget_applied(self, participant) -> None:
+        """``participant`` moved on (a subscription's seek, its removal):
+        if it applied a commit since the last compaction, compact now, so
+        that recovery does not apply that commit's decision to it again
+        over the move (it redoes every decision the log still holds). A
+        full disk leaves it for the next compaction."""
+        with self.lock:
+            if id(participant) in self._touched:
+                self._compact(housekeeping=True)
+
     def finish_recovery(self) -> None:
         """Every recovered transaction is applied (the broker has made its
         markers and cursor frames durable): the log restarts as a snapshot."""
@@ -626,16 +636,17 @@ class TransactionCoordinator:
         its commits applied (``RedoLog.defer``). A write that fails (a
         full disk) leaves them waiting for a later one; nothing is raised."""
         with self.lock:
-            try:
-                self.log.write_deferred()
-            except (OSError, ValueError) as e:     # (ValueError: the log is closed)
-                log.debug("txmq: %s: deferred frames not written: %s", self.log.path, e)
             touched = [x for x in self._touched.values() if not isinstance(x.topic, str)]
-        for x in touched:
+        for x in touched:          # (cursor frames first: a reader sees no commit ended before its acks)
             try:
                 x.write_deferred()
             except (OSError, ValueError, BrokerClosedError) as e:
                 log.debug("txmq: deferred cursor frames of %r not written: %s", x, e)
+        with self.lock:
+            try:
+                self.log.write_deferred()
+            except (OSError, ValueError) as e:     # (ValueError: the log is closed)
+                log.debug("txmq: %s: deferred frames not written: %s", self.log.path, e)
 
     def _end_due(self, due: list) -> int:
         """Abort the transactions of ``due`` ([(meta, reason)]); how many."""
@@ -669,15 +680,27 @@ class TransactionCoordinator:
         it again. ``housekeeping``: a full disk defers it (above); otherwise
         it raises StorageFullError."""
         touched, self._touched = self._touched, {}
-        for x in touched.values():
-            try:
-                # Durable markers (unless fsync="never") and a recovery point
-                # there, durable cursor frames of committed acks: reopening
-                # then needs no decision this log forgets, and scans no more
-                # log than one compaction cycle wrote.
-                x.flush()
-            except BrokerClosedError:
-                pass
+        try:
+            for x in touched.values():
+                try:
+                    # Durable markers (unless fsync="never") and a recovery point
+                    # there, durable cursor frames of committed acks: reopening
+                    # then needs no decision this log forgets, and scans no more
+                    # log than one compaction cycle wrote.
+                    x.flush()
+                except BrokerClosedError:
+                    pass
+        except BaseException as e:
+            # Not all of them are durable: the log forgets nothing, and they
+            # are still to be made durable (and their deferred frames
+            # written) by a later compaction.
+            self._touched.update(touched)
+            if housekeeping and isinstance(e, OSError):
+                self.log.defer_compaction()
+                log.warning("txmq: %s not compacted: a participant could not be made durable (%s); "
+                            "compacted again later", self.log.path, e)
+                return
+            raise
         live, records = {}, {}
         for meta in self.txns.values():
             state = OPEN if meta.decided is None else COMMITTING if meta.decided else ABORTING
