@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import txmq
+import txmq.readonly as readonly
 from txmq import _redolog, _txnlog as L
 from txmq.transactions import coordinator
 
@@ -399,6 +400,18 @@ def test_a_refused_write_of_deferred_frames_stops_no_timeout(tmp_path, monkeypat
         b.close()
 
 
+def commit_acks(b, n: int, acked: int):
+    """Topic "in" with ``n`` messages, subscription "s", and a committed
+    transaction that acknowledged the first ``acked``: (consumer, txn)."""
+    b.create_topic("in")
+    b.producer("in").send_batch([b"m%d" % i for i in range(n)])
+    c = b.subscribe("in", "s", initial_position="earliest")
+    txn = b.new_transaction()
+    c.ack(c.receive_many(acked, 1.0), txn=txn)
+    txn.commit()
+    return c, txn
+
+
 def test_a_compaction_whose_participant_cannot_be_made_durable_forgets_nothing(tmp_path, monkeypatch):
     """Compaction makes the participants that applied commits durable
     before the log forgets their decisions. When one cannot be (a full
@@ -409,12 +422,7 @@ def test_a_compaction_whose_participant_cannot_be_made_durable_forgets_nothing(t
     data = str(tmp_path / "d")
     b = txmq.Broker(data, fsync="never", num_coordinators=1)
     try:
-        b.create_topic("in")
-        b.producer("in").send_batch([b"m%d" % i for i in range(5)])
-        c = b.subscribe("in", "s", initial_position="earliest")
-        txn = b.new_transaction()
-        c.ack(c.receive_many(2, 1.0), txn=txn)
-        txn.commit()
+        _, txn = commit_acks(b, 5, 2)
         tc = b._coordinators[0]
         pending = b._topics["in"].subscriptions["s"].pending_acks
         assert list(tc._touched.values()) == [pending]
@@ -431,7 +439,7 @@ def test_a_compaction_whose_participant_cannot_be_made_durable_forgets_nothing(t
         monkeypatch.setattr(pending, "flush", real_flush)
         tc.compact()
         assert kinds_of(tc_log(data), txn) == []       # forgotten now, its acks durable first
-        ro = txmq.readonly.open(data)
+        ro = readonly.open(data)
         assert ro.subscription("in", "s")["partitions"][0]["mark_delete"] == 2
     finally:
         b.close()
@@ -445,12 +453,7 @@ def test_a_seek_after_a_commit_holds_after_a_reopen(tmp_path, move):
     first, so reopening does not apply them again over the move."""
     data = str(tmp_path / "d")
     with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
-        b.create_topic("in")
-        b.producer("in").send_batch([b"m%d" % i for i in range(10)])
-        c = b.subscribe("in", "s", initial_position="earliest")
-        txn = b.new_transaction()
-        c.ack(c.receive_many(10, 1.0), txn=txn)
-        txn.commit()
+        c, _ = commit_acks(b, 10, 10)
         if move == "seek":
             c.seek("earliest")
         else:
