@@ -9,7 +9,7 @@ from txmq.message import Message, MessageId
 from txmq.options import int_option, seconds_option
 from txmq._accumulator import PendingMessageId
 from txmq._ackset import received_or
-from txmq._txn import ack_in, bind_consumer_ack, consumer_ack
+from txmq._txn import bind_consumer_ack, consumer_ack
 from txmq.client.transaction import Transaction, meta_of
 from txmq.dispatch import lane_invariant
 from txmq.dispatch.arrow_delivery import delivered_run
@@ -109,19 +109,9 @@ class Consumer:
 
     def _ack(self, messages, txn=None) -> None:
         """:meth:`ack` (``txmq._txn.consumer_ack``, its docstring): every
-        ack but the compiled one of a received Message in a transaction."""
-        if txn is not None and type(messages) is Message and not self.closed:
-            # ack(m, txn=) that the compiled ack did not take: a bad txn, or TXMQ_DEBUG
-            if type(txn) is not Transaction or txn._broker is not self._broker:
-                raise InvalidArgumentError("txn", txn, "None or a Transaction of this broker")
-            meta = txn._meta
-            if meta.owner is not None:
-                meta.check_owner()
-            pending_acks = self._sub.pending_acks
-            topic, partition, offset = messages.topic, messages.partition, messages.offset
-            if lane_invariant.DEBUG or not ack_in(pending_acks, meta, topic, partition, offset, TxnState.OPEN):
-                pending_acks.ack_one(meta, topic, partition, offset)    # (registers, raises; checks the lane)
-            return
+        ack but the compiled one of a received Message in a transaction
+        (which it hands here only to raise: a closed consumer, a bad
+        ``txn``)."""
         self._check_open()
         if hasattr(messages, "schema") and hasattr(messages, "num_rows"):
             run = delivered_run(messages)
