@@ -445,20 +445,41 @@ def test_a_compaction_whose_participant_cannot_be_made_durable_forgets_nothing(t
         b.close()
 
 
-@pytest.mark.parametrize("move", ["seek", "resubscribe"])
+SEEK_THEN_KILL = r"""
+import os, signal, sys, txmq
+b = txmq.Broker(sys.argv[1], fsync="never", num_coordinators=1)
+b.create_topic("in")
+b.producer("in").send_batch([b"m%d" % i for i in range(10)])
+c = b.subscribe("in", "s", initial_position="earliest")
+txn = b.new_transaction()
+c.ack(c.receive_many(10, 1.0), txn=txn)
+txn.commit()
+c.seek("earliest")
+assert len(c.receive_many(20, 1.0)) == 10
+os.kill(os.getpid(), signal.SIGKILL)   # right after the seek: nothing closed
+"""
+
+
+@pytest.mark.parametrize("move", ["seek", "resubscribe", "seek, then SIGKILL"])
 def test_a_seek_after_a_commit_holds_after_a_reopen(tmp_path, move):
     """Recovery applies every decision its coordinator log still holds.
     A subscription that moves its cursor back after a commit (a seek, or
     removed and made again) has the log forget the decisions it applied
-    first, so reopening does not apply them again over the move."""
+    first, so reopening does not apply them again over the move, after a
+    close or a kill."""
     data = str(tmp_path / "d")
-    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
-        c, _ = commit_acks(b, 10, 10)
-        if move == "seek":
-            c.seek("earliest")
-        else:
-            c.unsubscribe()
-            c = b.subscribe("in", "s", initial_position="earliest")
-        assert len(c.receive_many(20, 1.0)) == 10
+    if move == "seek, then SIGKILL":
+        out = subprocess.run([sys.executable, "-c", SEEK_THEN_KILL, data], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    else:
+        with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+            c, _ = commit_acks(b, 10, 10)
+            if move == "seek":
+                c.seek("earliest")
+            else:
+                c.unsubscribe()
+                c = b.subscribe("in", "s", initial_position="earliest")
+            assert len(c.receive_many(20, 1.0)) == 10
     with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
         assert len(b.subscribe("in", "s").receive_many(20, 1.0)) == 10
