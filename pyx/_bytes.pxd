@@ -117,3 +117,34 @@ cdef inline bytes packed_txn(uint64_t hi, uint64_t lo):
     store_u64(PyBytes_AS_STRING(out), hi)
     store_u64(PyBytes_AS_STRING(out) + 8, lo)
     return out
+
+
+# Writing every byte of a file write, across short writes and EINTR: the one
+# loop of the segments' pwritev and the redo logs' frames.
+from libc.errno cimport errno, EINTR
+from posix.uio cimport iovec, pwritev
+
+cdef enum:
+    IOV_MAX_PIECES = 1024   # POSIX IOV_MAX on Linux
+
+cdef inline ssize_t pwritev_all(int fd, iovec *iov, Py_ssize_t n, Py_ssize_t pos) noexcept nogil:
+    """pwritev every piece at ``pos``, IOV_MAX at a time, across short
+    writes and EINTR; -1 with errno set on failure. (``iov`` is consumed.)"""
+    cdef ssize_t r
+    cdef int batch
+    while n > 0:
+        batch = <int>(n if n < IOV_MAX_PIECES else IOV_MAX_PIECES)
+        r = pwritev(fd, iov, batch, pos)
+        if r < 0:
+            if errno == EINTR:
+                continue
+            return -1
+        pos += r
+        while n > 0 and <size_t>r >= iov[0].iov_len:
+            r -= iov[0].iov_len
+            iov += 1
+            n -= 1
+        if n > 0 and r > 0:
+            iov[0].iov_base = <char *>iov[0].iov_base + r
+            iov[0].iov_len -= r
+    return 0

@@ -52,10 +52,9 @@ import threading
 
 from txmq.errors import CorruptLogError, StorageFullError
 
-from _bytes cimport load_u32, store_u32, crc32c, NOGIL_THRESHOLD
-from cpython.exc cimport PyErr_CheckSignals
-from libc.errno cimport errno as c_errno, EINTR
-from posix.unistd cimport pwrite
+from _bytes cimport load_u32, store_u32, crc32c, NOGIL_THRESHOLD, pwritev_all
+from libc.errno cimport errno as c_errno
+from posix.uio cimport iovec
 
 from _redo_layout cimport *
 from txmq._budget cimport Budgeted
@@ -78,22 +77,17 @@ def pwrite_all(int fd, bytes buf, Py_ssize_t pos):
     it lands in the page cache in about a microsecond, while handing the
     GIL to another thread and taking it back costs a switch each way, and
     under load a wait behind that thread's Python work."""
-    cdef const char *p = PyBytes_AS_STRING(buf)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(buf), done = 0
+    cdef iovec piece
     cdef ssize_t rc
-    cdef bint release = n >= NOGIL_THRESHOLD
-    while done < n:
-        if release:
-            with nogil:
-                rc = pwrite(fd, p + done, n - done, pos + done)
-        else:
-            rc = pwrite(fd, p + done, n - done, pos + done)
-        if rc < 0:
-            if c_errno == EINTR:
-                PyErr_CheckSignals()
-                continue
-            raise OSError(c_errno, os.strerror(c_errno))
-        done += rc
+    piece.iov_base = <void *>PyBytes_AS_STRING(buf)
+    piece.iov_len = PyBytes_GET_SIZE(buf)
+    if piece.iov_len >= NOGIL_THRESHOLD:
+        with nogil:
+            rc = pwritev_all(fd, &piece, 1, pos)
+    else:
+        rc = pwritev_all(fd, &piece, 1, pos)
+    if rc < 0:
+        raise OSError(c_errno, os.strerror(c_errno))
 
 
 def payload_position_of(tuple frame):

@@ -44,7 +44,7 @@ from libc.errno cimport errno, EINTR, ENOSPC, EDQUOT
 from libc.stdint cimport uint16_t, uint32_t, int16_t, int32_t, int64_t, uint64_t
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memcpy
-from posix.uio cimport iovec, pwritev
+from posix.uio cimport iovec
 
 import os
 import time
@@ -52,7 +52,7 @@ import time
 
 from txmq.errors import CorruptLogError, StorageFullError
 
-from _bytes cimport load_u16, load_u32, load_i32, load_i64, load_u64, NOGIL_THRESHOLD
+from _bytes cimport load_u16, load_u32, load_i32, load_i64, load_u64, NOGIL_THRESHOLD, pwritev_all
 from _batch_layout cimport *
 from txmq._budget cimport Budget
 from txmq._segment_file cimport SegmentFile
@@ -64,7 +64,6 @@ from txmq._batch cimport (BatchSpec, Pieces, seal, free_pieces, check_batch, bat
 from txmq._arrow_batch cimport arrow_views, arrow_record_batch
 
 cdef enum:
-    IOV_MAX_PIECES = 1024   # POSIX IOV_MAX on Linux
     # Below this a batch is copied into the mapping, above it written with
     # pwritev: the crossover of a per-page fault and a per-batch syscall.
     SMALL_BATCH_BYTES = 2048
@@ -76,33 +75,10 @@ cdef ssize_t _store(Pieces *pieces, char *dst, int fd, Py_ssize_t start) noexcep
     cdef Py_ssize_t i
     seal(pieces)
     if dst == NULL:
-        return _pwritev_all(fd, pieces.iov, pieces.n, start)
+        return pwritev_all(fd, pieces.iov, pieces.n, start)
     for i in range(pieces.n):
         memcpy(dst, pieces.iov[i].iov_base, pieces.iov[i].iov_len)
         dst += pieces.iov[i].iov_len
-    return 0
-
-
-cdef ssize_t _pwritev_all(int fd, iovec *iov, Py_ssize_t n, Py_ssize_t pos) noexcept nogil:
-    """pwritev every piece at ``pos``, IOV_MAX at a time, across short
-    writes and EINTR; -1 with errno set on failure."""
-    cdef ssize_t r
-    cdef int batch
-    while n > 0:
-        batch = <int>(n if n < IOV_MAX_PIECES else IOV_MAX_PIECES)
-        r = pwritev(fd, iov, batch, pos)
-        if r < 0:
-            if errno == EINTR:
-                continue
-            return -1
-        pos += r
-        while n > 0 and <size_t>r >= iov[0].iov_len:
-            r -= iov[0].iov_len
-            iov += 1
-            n -= 1
-        if n > 0 and r > 0:
-            iov[0].iov_base = <char *>iov[0].iov_base + r
-            iov[0].iov_len -= r
     return 0
 
 
