@@ -72,10 +72,10 @@ cdef class SendAccumulator:
         self.batch_bytes = batch_bytes
         self.max_message_bytes = max_message_bytes
         self.bases = []
-        self._reset()
+        self._reset([])
 
-    cdef _reset(self):
-        self.values = []
+    cdef _reset(self, list values):
+        self.values = values
         self.keys = None
         self.headers = None
         self.times = None
@@ -130,38 +130,51 @@ cdef class SendAccumulator:
         cdef Py_ssize_t encoded = size + MESSAGE_OVERHEAD
         if headers:
             encoded += len(encode_headers(headers)) + 4
-        cdef Py_ssize_t i = self.count
-        if i and (self.nbytes + encoded > self.batch_bytes or (
-                event_time is not None and self.any_time and (t - self.t_min > SPAN_MAX or self.t_max - t > SPAN_MAX))):
-            return None
+        # Another thread may flush this batch between any two allocations
+        # (one may start the garbage collector, which runs Python code):
+        # allocate first, then check that no flush came, then change the
+        # batch and take the id's place with no allocation in between.
+        cdef PendingMessageId mid = PendingMessageId.__new__(PendingMessageId)
+        cdef list new_keys, new_headers, new_times
+        cdef Py_ssize_t i, batch
+        while True:
+            i = self.count
+            batch = self.taken
+            if i and (self.nbytes + encoded > self.batch_bytes or (
+                    event_time is not None and self.any_time and (t - self.t_min > SPAN_MAX or self.t_max - t > SPAN_MAX))):
+                return None
+            new_keys = [None] * i if key is not None and not self.any_key else None
+            new_headers = [None] * i if headers and not self.any_headers else None
+            new_times = [None] * i if event_time is not None and not self.any_time else None
+            if self.count == i and self.taken == batch:
+                break
         if event_time is not None:
             if not self.any_time or t < self.t_min:
                 self.t_min = t
             if not self.any_time or t > self.t_max:
                 self.t_max = t
-        if self.count == 0:
+        if i == 0:
             self.first_at = time.monotonic()
         self.values.append(value)
-        if key is not None or self.any_key:
-            if not self.any_key:
-                self.keys = [None] * i
-                self.any_key = True
+        if new_keys is not None:
+            self.keys = new_keys
+            self.any_key = True
+        if self.any_key:
             self.keys.append(key)
-        if headers or self.any_headers:
-            if not self.any_headers:
-                self.headers = [None] * i
-                self.any_headers = True
+        if new_headers is not None:
+            self.headers = new_headers
+            self.any_headers = True
+        if self.any_headers:
             self.headers.append(headers or None)
-        if event_time is not None or self.any_time:
-            if not self.any_time:
-                self.times = [None] * i
-                self.any_time = True
+        if new_times is not None:
+            self.times = new_times
+            self.any_time = True
+        if self.any_time:
             self.times.append(event_time)
         self.count = i + 1
         self.nbytes += encoded
-        cdef PendingMessageId mid = PendingMessageId.__new__(PendingMessageId)
         mid.acc = self
-        mid.batch = self.taken
+        mid.batch = batch
         mid.index = i
         mid.offset_ = -1
         return mid
@@ -189,10 +202,14 @@ cdef class SendAccumulator:
             return None
         # The open batch is swapped out before anything that may run Python
         # code (and so let another thread's add() in): a message added from
-        # here on belongs to the next batch, as its id says.
+        # here on belongs to the next batch, as its id says. (The fresh list
+        # is made first: an allocation may run the garbage collector.)
+        cdef list fresh = []
+        if self.count == 0:
+            return None
         values, keys, headers, times = self.values, self.keys, self.headers, self.times
         any_time, t_min, t_max = self.any_time, self.t_min, self.t_max
-        self._reset()
+        self._reset(fresh)
         self.taken += 1
         if any_time:
             # A message sent without an event time takes the batch's send

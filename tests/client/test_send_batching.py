@@ -5,6 +5,7 @@ send still raises itself and which surface at the flush or the commit."""
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -274,6 +275,54 @@ def test_a_named_producer_fenced_before_the_commit_fails_it(broker):
         txn.commit()
     assert txn.state == "ABORTED" and batches(broker) == []
     assert new.send(b"fresh", partition=0).offset == 0
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["transaction", "batching-producer"])
+def test_ids_stay_exact_when_a_flush_runs_inside_a_send(broker, batching):
+    """Another thread can run between any two allocations of a send: the
+    garbage collector, which an allocation may start, runs Python code
+    (its callbacks, finalizers), and the GIL can change hands there. Here
+    a collection at every allocation flushes the open batch, as the timer
+    would: every id still names its own message, keys, headers and event
+    times included."""
+    broker.create_topic("t", 1)
+    p = broker.producer("t", batching=batching)
+    txn = None if batching else broker.new_transaction()
+    p.send(b"first", partition=0, txn=txn)
+    accs = [a for a in broker._batching.live if a.producer is p]
+    assert len(accs) == 1
+    acc = accs[0]
+
+    def flush_in_the_middle(phase, info):
+        if phase == "start" and acc.count:
+            broker._batching.flush(acc)
+
+    sent = []
+    threshold = gc.get_threshold()
+    gc.callbacks.append(flush_in_the_middle)
+    gc.set_threshold(1)
+    try:
+        for i in range(400):
+            sent.append((p.send(b"%d" % i, key=b"k%d" % i if i % 5 == 0 else None,
+                                headers={"h": b"%d" % i} if i % 7 == 0 else None,
+                                event_time=1_000 + i if i % 11 == 0 else None, partition=0, txn=txn), i))
+    finally:
+        gc.callbacks.remove(flush_in_the_middle)
+        gc.set_threshold(*threshold)
+    if batching:
+        p.flush()
+    else:
+        txn.commit()
+    assert len(batches(broker)) > 20
+    c = broker.subscribe("t", "s", initial_position="earliest")
+    got = {m.offset: m for m in drain(c)}
+    for mid, i in sent:
+        m = got[mid.offset]
+        assert m.value == b"%d" % i
+        assert m.key == (b"k%d" % i if i % 5 == 0 else None)
+        assert dict(m.headers or {}) == ({"h": b"%d" % i} if i % 7 == 0 else {})
+        if i % 11 == 0:
+            assert m.event_time == 1_000 + i
 
 
 def test_ids_stay_exact_while_the_timer_flushes_concurrently(tmp_path):
