@@ -505,10 +505,19 @@ cdef class BatchSpec:
 
     cdef void _rebase(self, int32_t *out_off, const char *offsets, bint large,
                       Py_ssize_t base) noexcept:
-        cdef Py_ssize_t i, n = self.count
-        with nogil:
-            for i in range(n + 1):
-                out_off[i] = <int32_t>(_arrow_offset(offsets, large, i) - base)
+        cdef Py_ssize_t n = self.count
+        if 4 * n < NOGIL_THRESHOLD:     # (a small loop costs less than handing the GIL over)
+            _rebase_offsets(out_off, offsets, large, base, n)
+        else:
+            with nogil:
+                _rebase_offsets(out_off, offsets, large, base, n)
+
+
+cdef inline void _rebase_offsets(int32_t *out_off, const char *offsets, bint large, Py_ssize_t base,
+                                 Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n + 1):
+        out_off[i] = <int32_t>(_arrow_offset(offsets, large, i) - base)
 
 
 cdef const char *ZEROS = b"\0\0\0\0\0\0\0\0"

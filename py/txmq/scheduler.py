@@ -34,12 +34,21 @@ class Scheduler:
     def every(self, interval: float, fn) -> None:
         """Run ``fn()`` every ``interval`` seconds (at least
         :data:`MIN_INTERVAL`, finite), first after one interval."""
-        if (not isinstance(interval, (int, float)) or isinstance(interval, bool)
-                or not MIN_INTERVAL <= interval < math.inf):
-            raise InvalidArgumentError("interval", interval, f"finite seconds >= {MIN_INTERVAL:g}")
+        _check_interval(interval)
         with self._cond:
             heapq.heappush(self._heap, (self._clock() + interval, next(self._seq), interval, fn))
             self._cond.notify()
+
+    def on_demand(self, interval: float, fn) -> OnDemand:
+        """A task that sleeps until armed: ``arm()`` of the returned
+        :class:`OnDemand` runs ``fn()`` one ``interval`` later, and again
+        every ``interval`` while ``fn()`` returns true. A false return puts
+        it back to sleep until the next ``arm()``; one made while ``fn``
+        runs is kept. For work that exists only now and then (the linger
+        timer of open batches): a thread woken for nothing has to take the
+        GIL back from the threads doing the work."""
+        _check_interval(interval)
+        return OnDemand(self, interval, fn)
 
     def _run(self) -> None:
         while True:
@@ -49,7 +58,13 @@ class Scheduler:
                 if self._stopped:
                     return
                 due, seq, interval, fn = heapq.heappop(self._heap)
-                heapq.heappush(self._heap, (max(due + interval, self._clock()), seq, interval, fn))
+                if type(fn) is OnDemand:
+                    fn.armed = False      # (an arm() from here on schedules it again)
+                else:
+                    heapq.heappush(self._heap, (max(due + interval, self._clock()), seq, interval, fn))
+            if type(fn) is OnDemand:
+                fn.run(due)
+                continue
             try:
                 fn()
             except Exception:  # a failing task must not stop the others
@@ -61,3 +76,48 @@ class Scheduler:
             self._cond.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+
+
+class OnDemand:
+    """A task of :meth:`Scheduler.on_demand`."""
+
+    def __init__(self, scheduler: Scheduler, interval: float, fn):
+        self._scheduler = scheduler
+        self.interval = interval
+        self.fn = fn
+        self.armed = False       # scheduled (read without the lock: arm()'s fast path)
+
+    def arm(self) -> None:
+        """Run the task one interval from now, unless it is scheduled
+        already (then this costs one attribute read)."""
+        if self.armed:
+            return
+        self._schedule(None)
+
+    def _schedule(self, due) -> None:
+        s = self._scheduler
+        with s._cond:
+            if self.armed or s._stopped:
+                return
+            self.armed = True
+            now = s._clock()
+            at = now + self.interval if due is None else max(due + self.interval, now)
+            heapq.heappush(s._heap, (at, next(s._seq), self.interval, self))
+            s._cond.notify()
+
+    def run(self, due: float) -> None:
+        """(The scheduler's thread.) Run the task; again one interval
+        after ``due`` while it returns true."""
+        try:
+            again = self.fn()
+        except Exception:   # a failing task keeps its schedule
+            log.exception("txmq: background task %r failed", self.fn)
+            again = True
+        if again:
+            self._schedule(due)
+
+
+def _check_interval(interval) -> None:
+    if (not isinstance(interval, (int, float)) or isinstance(interval, bool)
+            or not MIN_INTERVAL <= interval < math.inf):
+        raise InvalidArgumentError("interval", interval, f"finite seconds >= {MIN_INTERVAL:g}")

@@ -6,6 +6,7 @@ background work cannot be made to spin."""
 import math
 import os
 import resource
+import threading
 import time
 
 import numpy as np
@@ -117,3 +118,114 @@ def test_subscribe_refuses_a_bad_option(tmp_path, option, value):
             b.subscribe("t", "s", **{option: value})
         assert e.value.value is value
         assert b.subscriptions("t") == []
+
+
+def _wait_until(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_an_on_demand_task_sleeps_until_armed_and_while_it_returns_false():
+    runs = []
+    keep = [True, True, False]
+    s = Scheduler()
+    try:
+        task = s.on_demand(MIN_INTERVAL, lambda: runs.append(time.monotonic()) or keep[len(runs) - 1])
+        time.sleep(5 * MIN_INTERVAL)
+        assert runs == [], "ran before it was armed"
+        armed_at = time.monotonic()
+        task.arm()
+        task.arm()                                   # (armed already: one schedule)
+        _wait_until(lambda: len(runs) == 3)
+        assert runs[0] - armed_at >= MIN_INTERVAL * 0.9
+        time.sleep(5 * MIN_INTERVAL)
+        assert len(runs) == 3, "ran again after returning false"
+        assert not task.armed
+        keep.append(False)
+        task.arm()
+        _wait_until(lambda: len(runs) == 4)
+        time.sleep(5 * MIN_INTERVAL)
+        assert len(runs) == 4
+    finally:
+        s.stop()
+
+
+def test_an_arm_while_an_on_demand_task_runs_is_kept():
+    started, release, runs = threading.Event(), threading.Event(), []
+    s = Scheduler()
+
+    def fn():
+        runs.append(1)
+        if len(runs) == 1:
+            started.set()
+            release.wait(5)
+        return False                                  # "nothing left", as seen before the arm
+
+    try:
+        task = s.on_demand(MIN_INTERVAL, fn)
+        task.arm()
+        assert started.wait(5)
+        task.arm()                                    # work that came while it ran
+        release.set()
+        _wait_until(lambda: len(runs) == 2)
+    finally:
+        s.stop()
+
+
+def test_an_on_demand_task_that_raises_keeps_running_until_it_returns_false():
+    runs = []
+
+    def fn():
+        runs.append(1)
+        if len(runs) < 3:
+            raise RuntimeError("boom")
+        return False
+
+    s = Scheduler()
+    try:
+        s.on_demand(MIN_INTERVAL, fn).arm()
+        _wait_until(lambda: len(runs) == 3)
+        time.sleep(5 * MIN_INTERVAL)
+        assert len(runs) == 3
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("interval", [0, NAN, None])
+def test_an_on_demand_task_refuses_an_interval_it_would_spin_on(interval):
+    s = Scheduler()
+    try:
+        with pytest.raises(ValueError):
+            s.on_demand(interval, lambda: False)
+    finally:
+        s.stop()
+
+
+def test_the_linger_timer_sleeps_while_no_batch_is_open(tmp_path, monkeypatch):
+    """The timer that appends lingering batches runs only while an
+    accumulator is open: a broker whose transactions send nothing one
+    message at a time never wakes it."""
+    from txmq.client.accumulator import SendBatching
+    calls = []
+    flush_due = SendBatching.flush_due
+    monkeypatch.setattr(SendBatching, "flush_due", lambda self: calls.append(1) or flush_due(self))
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=10, control_socket=False) as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        for _ in range(5):
+            with b.transaction() as txn:
+                p.send_batch([b"x"] * 10, txn=txn)
+        time.sleep(0.2)
+        assert calls == [], "the linger timer ran with no batch open"
+        end = b.high_watermark("t", 0)
+        txn = b.new_transaction()
+        p.send(b"lingering", txn=txn)               # joins a batch: the timer wakes to append it
+        _wait_until(lambda: b.high_watermark("t", 0) == end + 1)
+        txn.commit()
+        _wait_until(lambda: len(calls) >= 2)      # (one more run finds nothing left and sleeps)
+        time.sleep(0.1)
+        settled = len(calls)
+        time.sleep(0.2)
+        assert len(calls) == settled, "the linger timer kept running after the transaction ended"

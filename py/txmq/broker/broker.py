@@ -236,7 +236,9 @@ class Broker(Recovery, PreparedTransactions):
         self._scheduler.every(SNAPSHOT_INTERVAL, self._snapshot_txn_buffers)
         self._scheduler.every(half_check_interval, self.check_half_messages)
         if self._batching.enabled:
-            self._scheduler.every(max(MIN_INTERVAL, linger_ms / 1000.0), self._batching.flush_due)
+            # (asleep while no batch is open: see Scheduler.on_demand)
+            self._batching.timer = self._scheduler.on_demand(max(MIN_INTERVAL, linger_ms / 1000.0),
+                                                             self._batching.flush_due)
         self._ingester = Ingester(self)
         if control_socket:
             try:

@@ -52,6 +52,8 @@ class SendBatching:
         self.live: set = set()       # accumulators whose transaction may still commit, and those
                                      # of batching producers holding messages
         self._live_lock = threading.Lock()   # a batching producer's accumulator joining or leaving live
+        self.timer = None            # the broker's linger timer (Scheduler.on_demand): armed when
+                                     # an accumulator joins live, asleep once live is empty
 
     @property
     def enabled(self) -> bool:
@@ -73,6 +75,8 @@ class SendBatching:
         if txn is not None:
             txn._accumulators.append(acc)
             self.live.add(acc)
+            if self.timer is not None:
+                self.timer.arm()
         else:
             acc.on_start = self._started       # known to the timer while it holds messages
         return acc
@@ -83,6 +87,8 @@ class SendBatching:
         nothing: a batch started meanwhile is added again here, after.)"""
         with self._live_lock:
             self.live.add(acc)
+        if self.timer is not None:
+            self.timer.arm()
 
     def flush(self, acc: SendAccumulator) -> None:
         """Append the open batch of ``acc`` (registering its partition with
@@ -108,11 +114,12 @@ class SendBatching:
                 raise
             acc.flushed(base)
 
-    def flush_due(self) -> None:
+    def flush_due(self) -> bool:
         """The broker's timer: append every batch open for ``linger_ms``,
-        and forget the accumulators whose transaction ended."""
+        and forget the accumulators whose transaction ended. True while
+        some accumulator is still open (the timer runs again)."""
         if not self.live:
-            return
+            return False
         now = time.monotonic()
         for acc in list(self.live):
             if acc.error is not None or (acc.meta is not None and acc.meta.state is not TxnState.OPEN):
@@ -126,6 +133,7 @@ class SendBatching:
                     self.flush(acc)
                 except Exception as e:      # kept in acc: its sends and the commit raise it
                     log.debug("txmq: linger flush of %r failed: %s", acc, e)
+        return bool(self.live)
 
     def flush_all(self) -> None:
         """Append every open batch of a transaction still open and of a
