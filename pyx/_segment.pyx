@@ -97,6 +97,7 @@ cdef class Segment(SegmentFile):
     cdef readonly int64_t base_offset
     cdef readonly int64_t next_offset
     cdef readonly int64_t last_publish_time
+    cdef readonly uint32_t last_crc                 # CRC field of the last batch append() wrote
     # CRC is checked once per batch per process. Verified: the prefix
     # [0, verified_end) read in order, and the tail [verified_from, size)
     # that recovery scanned or this process appended.
@@ -223,6 +224,7 @@ cdef class Segment(SegmentFile):
                 if errno == ENOSPC or errno == EDQUOT:
                     raise StorageFullError(self.path, pieces.length, errno)
                 raise OSError(errno, f"cannot append {pieces.length} bytes: {os.strerror(errno)}")
+            self.last_crc = load_u32(pieces.meta + CRC_OFFSET)      # (sealed by _store)
             return 0
         finally:
             free_pieces(&pieces)

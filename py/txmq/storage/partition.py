@@ -71,6 +71,11 @@ class Partition(SegmentLog):
         # (hi, lo) -> (producer id, epoch) of an open transaction's first
         # batch appended here by this object: what its marker carries.
         self._txn_producers = {}
+        # (hi, lo) -> [(base offset, count, crc, length, None)] of the
+        # batches an open transaction appended here through this object,
+        # in order: what its commit's decision record names, known without
+        # reading the log back (txn_batches).
+        self._txn_appends = {}
         os.makedirs(self.path, exist_ok=True)
         # Readers stop trusting the last opening's readview before recovery
         # cuts a tail or rewrites a .txnindex, and trust this one after.
@@ -169,7 +174,8 @@ class Partition(SegmentLog):
         :class:`ProducerFencedError` (a lower epoch than the partition has
         seen, or ``fence.fenced``: an instance a newer one replaced).
         """
-        if spec.max_message_bytes > self.max_message_bytes or spec.encoded_size() > self.segment_bytes_max:
+        encoded = spec.encoded_size()
+        if spec.max_message_bytes > self.max_message_bytes or encoded > self.segment_bytes_max:
             raise self._too_large_error(spec)
         retried = -1
         with self.lock:
@@ -189,15 +195,19 @@ class Partition(SegmentLog):
             else:                            # inline, not a method: the hot path of every send
                 txn_hi = txn_lo = 0
                 added = False
+                batches = None
                 if txn is not None:
                     txn.check_open("send")
-                    txn_hi, txn_lo = txn.words
+                    key = txn.words
+                    txn_hi, txn_lo = key
                     flags |= TRANSACTIONAL
-                    # Entered before its bytes are readable: see txmq.storage.txnbuffer
-                    # (TxnBuffer.begin, inline: the hot path of every transactional send).
-                    txns = self.txns
-                    txns.seen = True
-                    added = txns.ongoing.add(txn_hi, txn_lo, self._segments[-1].next_offset, self.clock())
+                    batches = self._txn_appends.get(key)
+                    if batches is None:       # (else in ongoing since its first batch here)
+                        # Entered before its bytes are readable: see txmq.storage.txnbuffer
+                        # (TxnBuffer.begin, inline: the hot path of every transactional send).
+                        txns = self.txns
+                        txns.seen = True
+                        added = txns.ongoing.add(txn_hi, txn_lo, self._segments[-1].next_offset, self.clock())
                 try:
                     # (_append_locked, inline for the active segment's common case)
                     now = self.clock()
@@ -214,8 +224,11 @@ class Partition(SegmentLog):
                     if added:
                         self.txns.undo_begin(txn_hi, txn_lo)
                     raise
-                if added:
-                    self._txn_producers[(txn_hi, txn_lo)] = (producer_id, producer_epoch)
+                if batches is not None:
+                    batches.append((base, spec.count, self._segments[-1].last_crc, encoded, None))
+                elif added:          # (not added: it began here before this object opened the log)
+                    self._txn_producers[key] = (producer_id, producer_epoch)
+                    self._txn_appends[key] = [(base, spec.count, self._segments[-1].last_crc, encoded, None)]
                 if producer_id >= 0:         # (ProducerState.record, inline)
                     self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                                      self.last_publish_time)
@@ -305,6 +318,13 @@ class Partition(SegmentLog):
         segs = self._segments
         if first < 0 or not segs:
             return None if not segs else []
+        appended = self._txn_appends.get((hi, lo))
+        if appended is not None and appended[0][0] == first:
+            # Known from the appends (no page of the log read back), unless
+            # their bytes are to be copied: those are small, read below.
+            if copy_max < 0 or sum([b[3] for b in appended]) > copy_max:
+                start = segs[0].base_offset
+                return list(appended) if appended[0][0] >= start else [b for b in appended if b[0] >= start]
         i = len(segs) - 1
         while i > 0 and segs[i - 1].next_offset > first:
             i -= 1
@@ -396,6 +416,7 @@ class Partition(SegmentLog):
             # here, as a Kafka marker does (read back from it when the
             # transaction began before this object opened the log).
             pid_epoch = self._txn_producers.pop((hi, lo), None)
+            self._txn_appends.pop((hi, lo), None)
             if pid_epoch is None:
                 info = self.batch_starting_at(first)
                 pid_epoch = (-1, 0) if info is None else (info.producer_id, info.producer_epoch)

@@ -1,0 +1,94 @@
+"""The batches a commit's decision record names (docs/FORMAT.md, "Decision
+record"): base offset, count, CRC and length of each batch the transaction
+appended to a partition, known from the appends themselves, so a commit
+reads no page of the log back. They must be the batches the log holds."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+import txmq
+from txmq.transactions import decision
+
+
+def read_back(part, words) -> list:
+    """The transaction's batches as a scan of the log finds them."""
+    kept = part._txn_appends.pop(words)
+    try:
+        return part.txn_batches(words, -1)
+    finally:
+        part._txn_appends[words] = kept
+
+
+def send_everything(b, txn, n: int = 40) -> None:
+    p = b.producer("out")
+    for i in range(n):
+        p.send(os.urandom(50 + i), partition=0, txn=txn)
+        p.send(b"k", key=b"key%d" % i, headers={"h": b"%d" % i}, event_time=1000 + i, partition=0, txn=txn)
+        p.send_batch(pa.array([os.urandom(200) for _ in range(30)], pa.binary()), partition=0, txn=txn)
+        p.send_batch([os.urandom(3000)] * 3, keys=[b"a", None, "c"], partition=0, txn=txn)
+
+
+@pytest.mark.parametrize("fsync", ["never", "commit"])
+def test_the_batches_a_commit_names_are_those_the_log_holds(tmp_path, fsync):
+    """Across segment rolls, with keys, headers, event times, Arrow and
+    list batches, sends accumulated into batches: the record names the
+    same batches, in order, as a scan of the log finds (and, with copies,
+    the same bytes)."""
+    with txmq.Broker(tmp_path / "d", fsync=fsync, segment_bytes_max=256 * 1024) as b:
+        b.create_topic("out", 1)
+        part = b._topics["out"].partitions[0]
+        b.producer("out").send(b"before")
+        txn = b.new_transaction()
+        send_everything(b, txn)
+        for acc in list(txn._accumulators):        # (what the commit appends first)
+            b._batching.flush(acc)
+        words = txn._meta.words
+        recorded = part.txn_batches(words, -1)
+        assert len(part._segments) >= 3, "the transaction should span segment rolls"
+        assert recorded == read_back(part, words)
+        assert len(recorded) > 100 and all(data is None for *_, data in recorded)
+        txn.commit()
+        named = decision.decode(txn._meta.record).partitions[("out", 0)]
+        assert [tuple(r)[:4] for r in named] == [r[:4] for r in recorded]
+        assert words not in part._txn_appends, "kept after the transaction ended"
+
+
+def test_a_small_transaction_copied_into_its_record_reads_its_bytes(tmp_path):
+    """Under fsync="commit" a small transaction's batches are copied into
+    the decision record: the copies are the bytes in the log."""
+    with txmq.Broker(tmp_path / "d", fsync="commit") as b:
+        b.create_topic("out", 1)
+        txn = b.new_transaction()
+        b.producer("out").send_batch([b"a" * 100, b"b" * 200], partition=0, txn=txn)
+        b.producer("out").send_batch([b"c"], partition=0, txn=txn)
+        txn.commit()
+        named = decision.decode(txn._meta.record).partitions[("out", 0)]
+        part = b._topics["out"].partitions[0]
+        assert [(r.base_offset, r.count) for r in named] == [(0, 2), (2, 1)]
+        for r in named:
+            seg, pos = part.segment_for(r.base_offset)
+            assert r.crc == seg.crc_at(pos) and r.length == seg.batch_at(pos).length
+            assert r.data is not None and len(r.data) == r.length
+
+
+def test_a_transaction_begun_before_a_reopen_is_named_from_the_log(tmp_path):
+    """A prepared transaction outlives its broker: the one that opens the
+    directory again has no record of its appends and scans the log."""
+    path = tmp_path / "d"
+    with txmq.Broker(path, fsync="commit") as b:
+        b.create_topic("out", 1)
+        txn = b.new_transaction()
+        b.producer("out").send_batch([b"x" * 70_000, b"y"], partition=0, txn=txn)
+        b.producer("out").send_batch([b"z" * 70_000], partition=0, txn=txn)
+        txn.prepare("xid-1")
+        txn_id = txn.id
+    with txmq.Broker(path, fsync="commit") as b:
+        part = b._topics["out"].partitions[0]
+        assert part._txn_appends == {}
+        b.commit_prepared(txn_id)
+        c = b.subscribe("out", "s", initial_position="earliest")
+        assert [len(m.value) for m in c.receive_many(10, 1.0)] == [70_000, 1, 70_000]
