@@ -96,12 +96,13 @@ def test_an_idle_broker_does_not_spin(tmp_path):
     assert used < 0.3, f"an idle broker used {used:.2f} CPU-s in 0.5 s"
 
 
+@pytest.mark.parametrize("kind", ["every", "on_demand"])
 @pytest.mark.parametrize("interval", [0, -1, NAN, INF, MIN_INTERVAL / 10, None, "1"])
-def test_the_scheduler_refuses_an_interval_it_would_spin_on(interval):
+def test_the_scheduler_refuses_an_interval_it_would_spin_on(interval, kind):
     s = Scheduler()
     try:
         with pytest.raises(ValueError):
-            s.every(interval, lambda: None)
+            getattr(s, kind)(interval, lambda: None)
     finally:
         s.stop()
 
@@ -189,16 +190,6 @@ def test_an_on_demand_task_that_raises_keeps_running_until_it_returns_false():
         _wait_until(lambda: len(runs) == 3)
         time.sleep(5 * MIN_INTERVAL)
         assert len(runs) == 3
-    finally:
-        s.stop()
-
-
-@pytest.mark.parametrize("interval", [0, NAN, None])
-def test_an_on_demand_task_refuses_an_interval_it_would_spin_on(interval):
-    s = Scheduler()
-    try:
-        with pytest.raises(ValueError):
-            s.on_demand(interval, lambda: False)
     finally:
         s.stop()
 
