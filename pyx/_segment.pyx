@@ -25,8 +25,11 @@ does not pay; a syscall costs about 1 us. So a batch above
 ``SMALL_BATCH_BYTES`` is written with one ``pwritev`` whose pieces are the
 encoded header and offsets and the caller's key and value buffers, and a
 smaller one is copied into the writable mapping, where many batches share
-one fault. Readers see either through the mapping as soon as the append
-returns.
+one fault, unless it starts in the page the last ``pwritev`` ended in
+(that page is in the page cache but not in the process's page tables: a
+store would take a write fault, about 3 us, for a transaction's marker
+after its data). Readers see either through the mapping as soon as the
+append returns.
 
 The indexes (offset to position, publish time to offset) are sparse, one
 entry per ``index_interval`` bytes, and derived: an entry is trusted only
@@ -67,6 +70,7 @@ cdef enum:
     # Below this a batch is copied into the mapping, above it written with
     # pwritev: the crossover of a per-page fault and a per-batch syscall.
     SMALL_BATCH_BYTES = 2048
+    PAGE_BYTES = 4096
 
 cdef ssize_t _store(Pieces *pieces, char *dst, int fd, Py_ssize_t start) noexcept nogil:
     """Seal the encoded batch ``pieces`` and copy it once: into ``dst``
@@ -98,6 +102,7 @@ cdef class Segment(SegmentFile):
     cdef readonly int64_t next_offset
     cdef readonly int64_t last_publish_time
     cdef readonly uint32_t last_crc                 # CRC field of the last batch append() wrote
+    cdef Py_ssize_t written_to                      # end of the last pwritev, up to its page's end
     # CRC is checked once per batch per process. Verified: the prefix
     # [0, verified_end) read in order, and the tail [verified_from, size)
     # that recovery scanned or this process appended.
@@ -149,9 +154,15 @@ cdef class Segment(SegmentFile):
         # pwritev (one syscall per batch). Either way, one copy.
         # A store into an unreserved page of a full disk is a SIGBUS, so
         # without a reservation every batch goes through pwritev.
-        self._write(spec, self._map.base + start if need <= SMALL_BATCH_BYTES and not self.unreserved
-                    else NULL, start, base, flags, txn_hi, txn_lo, producer_id, producer_epoch,
-                    base_sequence, publish_time)
+        # A small batch that starts in the page the last pwritev ended in
+        # goes by pwritev too: that page is in the page cache but not in
+        # this process's page tables, and a store would take a write fault
+        # (a transaction's marker after its data).
+        cdef bint store = need <= SMALL_BATCH_BYTES and not self.unreserved and start >= self.written_to
+        self._write(spec, self._map.base + start if store else NULL, start, base, flags, txn_hi, txn_lo,
+                    producer_id, producer_epoch, base_sequence, publish_time)
+        if not store:
+            self.written_to = (start + need + PAGE_BYTES - 1) & ~(<Py_ssize_t>PAGE_BYTES - 1)
         if self._map.torn():             # the store went to a page the file no longer has
             self._raise_torn(start)
         self.index.add(start, base, publish_time)
