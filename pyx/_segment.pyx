@@ -25,10 +25,11 @@ does not pay; a syscall costs about 1 us. So a batch above
 ``SMALL_BATCH_BYTES`` is written with one ``pwritev`` whose pieces are the
 encoded header and offsets and the caller's key and value buffers, and a
 smaller one is copied into the writable mapping, where many batches share
-one fault, unless it starts in the page the last ``pwritev`` ended in
-(that page is in the page cache but not in the process's page tables: a
-store would take a write fault, about 3 us, for a transaction's marker
-after its data). Readers see either through the mapping as soon as the
+one fault, unless it is the first to start in the page a large batch's
+``pwritev`` ended in (that page is in the page cache but not in the
+process's page tables: a store would take a write fault, about 3 us, for
+a transaction's marker after its data; the small batches after it share
+one fault again). Readers see either through the mapping as soon as the
 append returns.
 
 The indexes (offset to position, publish time to offset) are sparse, one
@@ -72,13 +73,25 @@ cdef enum:
     SMALL_BATCH_BYTES = 2048
     PAGE_BYTES = 4096
 
+# Batches this module wrote with pwritev rather than into the mapping, in
+# this process (what a test of the choice counts; one increment per syscall).
+cdef uint64_t pwritev_batches = 0
+
+
+def pwritev_count():
+    """How many batches this process's segments wrote with pwritev."""
+    return pwritev_batches
+
+
 cdef ssize_t _store(Pieces *pieces, char *dst, int fd, Py_ssize_t start) noexcept nogil:
     """Seal the encoded batch ``pieces`` and copy it once: into ``dst``
     (the writable mapping at ``start``) when it is not NULL, else with
     ``pwritev`` at ``start`` of ``fd``; -1 (errno set) when that fails."""
     cdef Py_ssize_t i
+    global pwritev_batches
     seal(pieces)
     if dst == NULL:
+        pwritev_batches += 1
         return pwritev_all(fd, pieces.iov, pieces.n, start)
     for i in range(pieces.n):
         memcpy(dst, pieces.iov[i].iov_base, pieces.iov[i].iov_len)
@@ -102,7 +115,8 @@ cdef class Segment(SegmentFile):
     cdef readonly int64_t next_offset
     cdef readonly int64_t last_publish_time
     cdef readonly uint32_t last_crc                 # CRC field of the last batch append() wrote
-    cdef Py_ssize_t written_to                      # end of the last pwritev, up to its page's end
+    cdef Py_ssize_t written_to                      # end of the last large batch's pwritev, up to
+                                                    # its page's end (0: a small batch took it)
     # CRC is checked once per batch per process. Verified: the prefix
     # [0, verified_end) read in order, and the tail [verified_from, size)
     # that recovery scanned or this process appended.
@@ -161,8 +175,12 @@ cdef class Segment(SegmentFile):
         cdef bint store = need <= SMALL_BATCH_BYTES and not self.unreserved and start >= self.written_to
         self._write(spec, self._map.base + start if store else NULL, start, base, flags, txn_hi, txn_lo,
                     producer_id, producer_epoch, base_sequence, publish_time)
-        if not store:
+        if store:
+            pass
+        elif need > SMALL_BATCH_BYTES:
             self.written_to = (start + need + PAGE_BYTES - 1) & ~(<Py_ssize_t>PAGE_BYTES - 1)
+        else:      # (the one small batch after it: the next ones share a fault of that page)
+            self.written_to = 0
         if self._map.torn():             # the store went to a page the file no longer has
             self._raise_torn(start)
         self.index.add(start, base, publish_time)

@@ -6,6 +6,7 @@ survives a reopen."""
 import os
 
 from txmq._batch import BatchSpec
+from txmq import _segment
 from txmq._segment import Segment
 from txmq._segment_file import RESERVE_MIN_BYTES
 from txmq.storage.partition import Partition
@@ -77,4 +78,20 @@ def test_small_batches_after_large_ones_read_back_the_same_by_either_sink(tmp_pa
     part.close()
     part = Partition(tmp_path / "p", "t", 0, fsync="never")
     assert part.dropped == [] and values(part) == expected
+    part.close()
+
+
+def test_one_small_batch_after_a_large_one_goes_by_pwritev_and_the_next_into_the_mapping(tmp_path):
+    """A small batch that starts in the page a large batch's pwritev ended
+    in (a marker after a transaction's data) is written with pwritev: a
+    store would fault on that page. The small batches after it share one
+    fault of the mapping again."""
+    part = Partition(tmp_path / "p", "t", 0, fsync="never")
+    part.append(BatchSpec([b"warm"]))
+    for _ in range(5):
+        before = _segment.pwritev_count()
+        part.append(BatchSpec([b"x" * 20_000]))
+        for i in range(60):
+            part.append(BatchSpec([b"small %d" % i]))
+        assert _segment.pwritev_count() - before == 2      # the large batch and the first small one
     part.close()
