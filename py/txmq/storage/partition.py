@@ -68,13 +68,12 @@ class Partition(SegmentLog):
         self.producer_state = ProducerState(topic, index, producer_expiration_ms)
         self._listeners = []             # called with no lock held after an append
         self._end_listeners = []         # called with no lock held after a transaction's marker
-        # (hi, lo) -> (producer id, epoch) of an open transaction's first
-        # batch appended here by this object: what its marker carries.
-        self._txn_producers = {}
-        # (hi, lo) -> [(base offset, count, crc, length, None)] of the
-        # batches an open transaction appended here through this object,
-        # in order: what its commit's decision record names, known without
-        # reading the log back (txn_batches).
+        # (hi, lo) -> (producer id, epoch, batches) of an open transaction
+        # that began here through this object: the producer of its first
+        # batch (what its marker carries) and [(base offset, count, crc,
+        # length, None)] of each batch it appended, in order (what its
+        # commit's decision record names, known without reading the log
+        # back: txn_batches).
         self._txn_appends = {}
         os.makedirs(self.path, exist_ok=True)
         # Readers stop trusting the last opening's readview before recovery
@@ -201,8 +200,10 @@ class Partition(SegmentLog):
                     key = txn.words
                     txn_hi, txn_lo = key
                     flags |= TRANSACTIONAL
-                    batches = self._txn_appends.get(key)
-                    if batches is None:       # (else in ongoing since its first batch here)
+                    entry = self._txn_appends.get(key)
+                    if entry is not None:     # (in ongoing since its first batch here)
+                        batches = entry[2]
+                    else:
                         # Entered before its bytes are readable: see txmq.storage.txnbuffer
                         # (TxnBuffer.begin, inline: the hot path of every transactional send).
                         txns = self.txns
@@ -227,8 +228,8 @@ class Partition(SegmentLog):
                 if batches is not None:
                     batches.append((base, spec.count, self._segments[-1].last_crc, encoded, None))
                 elif added:          # (not added: it began here before this object opened the log)
-                    self._txn_producers[key] = (producer_id, producer_epoch)
-                    self._txn_appends[key] = [(base, spec.count, self._segments[-1].last_crc, encoded, None)]
+                    self._txn_appends[key] = (producer_id, producer_epoch,
+                                              [(base, spec.count, self._segments[-1].last_crc, encoded, None)])
                 if producer_id >= 0:         # (ProducerState.record, inline)
                     self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                                      self.last_publish_time)
@@ -318,7 +319,8 @@ class Partition(SegmentLog):
         segs = self._segments
         if first < 0 or not segs:
             return None if not segs else []
-        appended = self._txn_appends.get((hi, lo))
+        entry = self._txn_appends.get((hi, lo))
+        appended = None if entry is None else entry[2]
         if appended is not None and appended[0][0] == first:
             # Known from the appends (no page of the log read back), unless
             # their bytes are to be copied: those are small, read below.
@@ -415,12 +417,12 @@ class Partition(SegmentLog):
             # The marker carries the producer of the transaction's first batch
             # here, as a Kafka marker does (read back from it when the
             # transaction began before this object opened the log).
-            pid_epoch = self._txn_producers.pop((hi, lo), None)
-            self._txn_appends.pop((hi, lo), None)
-            if pid_epoch is None:
+            entry = self._txn_appends.pop((hi, lo), None)
+            if entry is not None:
+                pid, epoch = entry[0], entry[1]
+            else:
                 info = self.batch_starting_at(first)
-                pid_epoch = (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
-            pid, epoch = pid_epoch
+                pid, epoch = (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
             base = self._append_locked(BatchSpec([b""]), MARKER_FLAGS[commit], hi, lo, pid, epoch, -1)
             # (an abort is also indexed in its marker's segment)
             snapshot = self.txns.ended(hi, lo, commit, base, pid, None if commit else self.segment_base(base))
