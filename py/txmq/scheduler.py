@@ -33,11 +33,10 @@ class Scheduler:
 
     def every(self, interval: float, fn) -> None:
         """Run ``fn()`` every ``interval`` seconds (at least
-        :data:`MIN_INTERVAL`, finite), first after one interval."""
+        :data:`MIN_INTERVAL`, finite), first after one interval: an
+        :meth:`on_demand` task that never goes to sleep."""
         _check_interval(interval)
-        with self._cond:
-            heapq.heappush(self._heap, (self._clock() + interval, next(self._seq), interval, fn))
-            self._cond.notify()
+        OnDemand(self, interval, fn, periodic=True).arm()
 
     def on_demand(self, interval: float, fn) -> OnDemand:
         """A task that sleeps until armed: ``arm()`` of the returned
@@ -57,18 +56,9 @@ class Scheduler:
                     self._cond.wait(None if not self._heap else self._heap[0][0] - self._clock())
                 if self._stopped:
                     return
-                due, seq, interval, fn = heapq.heappop(self._heap)
-                if type(fn) is OnDemand:
-                    fn.armed = False      # (an arm() from here on schedules it again)
-                else:
-                    heapq.heappush(self._heap, (max(due + interval, self._clock()), seq, interval, fn))
-            if type(fn) is OnDemand:
-                fn.run(due)
-                continue
-            try:
-                fn()
-            except Exception:  # a failing task must not stop the others
-                log.exception("txmq: background task %r failed", fn)
+                due, _, _, task = heapq.heappop(self._heap)
+                task.armed = False      # (an arm() from here on schedules it again)
+            task.run(due)
 
     def stop(self) -> None:
         with self._cond:
@@ -81,10 +71,11 @@ class Scheduler:
 class OnDemand:
     """A task of :meth:`Scheduler.on_demand`."""
 
-    def __init__(self, scheduler: Scheduler, interval: float, fn):
+    def __init__(self, scheduler: Scheduler, interval: float, fn, periodic: bool = False):
         self._scheduler = scheduler
         self.interval = interval
         self.fn = fn
+        self.periodic = periodic   # (Scheduler.every: runs again whatever fn returns)
         self.armed = False       # scheduled (read without the lock: arm()'s fast path)
 
     def arm(self) -> None:
@@ -109,8 +100,8 @@ class OnDemand:
         """(The scheduler's thread.) Run the task; again one interval
         after ``due`` while it returns true."""
         try:
-            again = self.fn()
-        except Exception:   # a failing task keeps its schedule
+            again = self.fn() or self.periodic
+        except Exception:   # a failing task keeps its schedule and must not stop the others
             log.exception("txmq: background task %r failed", self.fn)
             again = True
         if again:

@@ -220,3 +220,20 @@ def test_the_linger_timer_sleeps_while_no_batch_is_open(tmp_path, monkeypatch):
         settled = len(calls)
         time.sleep(0.2)
         assert len(calls) == settled, "the linger timer kept running after the transaction ended"
+
+
+def test_a_periodic_task_keeps_running_whatever_it_returns_or_raises():
+    runs = []
+
+    def fn():
+        runs.append(1)
+        if len(runs) == 2:
+            raise RuntimeError("boom")
+        return False                                  # (an on_demand task would sleep here)
+
+    s = Scheduler()
+    try:
+        s.every(MIN_INTERVAL, fn)
+        _wait_until(lambda: len(runs) >= 5)
+    finally:
+        s.stop()
