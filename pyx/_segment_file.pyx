@@ -35,6 +35,17 @@ from txmq._budget import default_budget
 
 cdef extern from "fcntl.h" nogil:
     int posix_fallocate(int fd, long offset, long length)
+    int sync_file_range(int fd, long offset, long nbytes, unsigned int flags)
+    unsigned int SYNC_FILE_RANGE_WRITE
+
+# Calls of start_writeback that reached the kernel, in this process (what a
+# test of when a log starts writeback counts).
+cdef unsigned long long writeback_calls = 0
+
+
+def writeback_count():
+    """How many ranges this process's segments started writing back."""
+    return writeback_calls
 
 # Blocks are reserved ahead of the writer, so a full disk is an OSError at
 # append time, not a SIGBUS: first this much, then twice what is reserved
@@ -209,6 +220,25 @@ cdef class SegmentFile(Budgeted):
                 self._map.sync(start, end)
             finally:
                 self._unpin()
+
+    def start_writeback(self, Py_ssize_t start, Py_ssize_t end):
+        """Start writing the dirty pages of [start, end) to disk and return
+        without waiting for them (``sync_file_range`` with
+        ``SYNC_FILE_RANGE_WRITE``), so that a later :meth:`sync` finds less
+        to write. It promises nothing: a failure is left for that sync to
+        report. A closed segment has nothing to write."""
+        global writeback_calls
+        cdef int fd
+        if end <= start or self.shut:
+            return
+        self._use()
+        try:
+            fd = self.fd
+            with nogil:
+                sync_file_range(fd, start, end - start, SYNC_FILE_RANGE_WRITE)
+            writeback_calls += 1
+        finally:
+            self._unuse()
 
     cdef bint _zero_from(self, Py_ssize_t pos, Py_ssize_t limit):
         """True when the bytes after a zeroed batch header are zero too, as

@@ -3,12 +3,17 @@ what its caller handed in at that moment, a segment left by a crash
 reserves its blocks again before appends, and the last publish time
 survives a reopen."""
 
+import ctypes
 import os
+import time
+
+import pytest
 
 from txmq._batch import BatchSpec
-from txmq import _segment
+from txmq import _segment, _segment_file
 from txmq._segment import Segment
 from txmq._segment_file import RESERVE_MIN_BYTES
+from txmq.storage.log import WRITEBACK_BYTES
 from txmq.storage.partition import Partition
 
 
@@ -94,4 +99,49 @@ def test_one_small_batch_after_a_large_one_goes_by_pwritev_and_the_next_into_the
         for i in range(60):
             part.append(BatchSpec([b"small %d" % i]))
         assert _segment.pwritev_count() - before == 2      # the large batch and the first small one
+    part.close()
+
+
+def _dirty_pages(path, length):
+    """Dirty pages of ``path``'s first ``length`` bytes in the page cache
+    (the cachestat system call, Linux 6.5), or None where it is missing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = (ctypes.c_uint64 * 2)(0, length)
+    stat = (ctypes.c_uint64 * 5)()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.syscall(451, fd, rng, stat, 0) != 0:
+            return None
+    finally:
+        os.close(fd)
+    return stat[1]
+
+
+@pytest.mark.parametrize("fsync", ["commit", "never"])
+def test_writeback_is_started_every_mib_unless_fsync_is_never(tmp_path, fsync):
+    """Unless fsync="never", each WRITEBACK_BYTES appended start the
+    writeback of the whole pages appended since the last start (the pages
+    go to disk while appends go on; a later sync waits for less). At
+    "never" the kernel alone decides when."""
+    part = Partition(tmp_path / "p", "t", 0, fsync=fsync)
+    big = BatchSpec([b"x" * 100_000])
+    before = _segment_file.writeback_count()
+    for _ in range(40):                  # ~4 MB: three MiB boundaries crossed
+        part.append(big)
+    started = _segment_file.writeback_count() - before
+    if fsync == "never":
+        assert started == 0
+        part.close()
+        return
+    assert 3 <= started <= 4             # (the first append of a new log may start one at once)
+    assert part._writeback_pos % 4096 == 0 and part._writeback_pos >= 3 * WRITEBACK_BYTES
+    dirty = _dirty_pages(part.active.path, part._writeback_pos)
+    if dirty is None:
+        part.close()
+        pytest.skip("no cachestat system call: the count above is all this kernel shows")
+    deadline = time.monotonic() + 10
+    while dirty and time.monotonic() < deadline:     # (written in the background: not at once)
+        time.sleep(0.01)
+        dirty = _dirty_pages(part.active.path, part._writeback_pos)
+    assert dirty == 0, f"{dirty} pages of the started range are still dirty"
     part.close()

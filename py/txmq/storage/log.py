@@ -40,6 +40,13 @@ log = logging.getLogger("txmq.partition")
 
 # Bytes appended between two recovery points; bounds the scan on reopen.
 CHECKPOINT_BYTES = 16 * 1024 * 1024
+# Unless fsync="never", writeback of the active segment is started (not
+# waited for) each time this many bytes were appended since it last was, as
+# SQLite's and PostgreSQL's writers do: the disk then writes while the
+# producer goes on, and the sync of a checkpoint or a commit waits only for
+# what is still in flight, not for every byte since the last sync.
+WRITEBACK_BYTES = 1024 * 1024
+PAGE_MASK = ~4095
 
 
 class SegmentLog:
@@ -66,6 +73,8 @@ class SegmentLog:
         self.dropped: list[Dropped] = []  # what recovery cut off, for stats and logs
         self._segments: tuple = ()
         self._checkpoint_pos = 0         # position in the active segment of the last recovery point
+        self._writeback_pos = 0          # ... up to which writeback was started (or synced)
+        self._due_pos = 0                # ... at which an append calls _at_due
         self._index_written = {}         # segment base -> (offset entries, time entries) on disk
         self._scrub_next = -1            # the segment scrub_indexes checked last
         self.last_publish_time = 0
@@ -253,7 +262,14 @@ class SegmentLog:
             os.pwrite(fd, raw, 0)
         finally:
             os.close(fd)
-        self._checkpoint_pos = seg.size
+        self._checkpoint_pos = self._writeback_pos = seg.size
+        self._set_due()
+
+    def _set_due(self) -> None:
+        due = self._checkpoint_pos + CHECKPOINT_BYTES
+        if self.fsync != "never":
+            due = min(due, self._writeback_pos + WRITEBACK_BYTES)
+        self._due_pos = due
 
     def _rewrite_index(self, seg: Segment) -> None:
         self._index_written[seg.base_offset] = rewrite_index(self.path, seg)
@@ -322,9 +338,27 @@ class SegmentLog:
         self._save_quarantine()
 
     def _maybe_checkpoint(self) -> None:
-        """Keep the recovery point within :data:`CHECKPOINT_BYTES` of the log end."""
-        if self._segments[-1].size - self._checkpoint_pos >= CHECKPOINT_BYTES:
+        """Keep the recovery point within :data:`CHECKPOINT_BYTES` of the
+        log end, and writeback started within :data:`WRITEBACK_BYTES` of it."""
+        if self._segments[-1].size >= self._due_pos:
+            self._at_due()
+
+    def _at_due(self) -> None:
+        """An append reached ``_due_pos`` (partition lock held): a
+        checkpoint, or else the writeback of the whole pages appended since
+        the last one started (the page the writer is in stays dirty, so its
+        next store takes no fault)."""
+        seg = self._segments[-1]
+        if seg.size - self._checkpoint_pos >= CHECKPOINT_BYTES:
             self._checkpoint()
+            return
+        end = seg.size & PAGE_MASK
+        if end > self._writeback_pos:
+            seg.start_writeback(self._writeback_pos, end)
+            self._writeback_pos = end
+        else:                            # (the segment was cut below it: start from its end)
+            self._writeback_pos = seg.size
+        self._set_due()
 
     def _checkpoint(self) -> None:
         """Make the bytes so far durable (unless fsync="never"), append

@@ -38,7 +38,6 @@ from txmq.storage.delivery import never_delivered, undelivered
 from txmq.storage.layout import (PRODUCERS_FILE, READVIEW_FILE, TXNBUF_FILE, is_leftover, read_producer_snapshot,
                                  read_txn_snapshot)
 from txmq.storage.loader import Dropped
-from txmq.storage import log as segment_log
 from txmq.storage.log import SegmentLog, log
 from txmq.storage.producer_state import DEFAULT_PRODUCER_EXPIRATION_MS, ProducerState
 from txmq.storage.txnbuffer import MARKER_FLAGS, TxnBuffer
@@ -235,8 +234,8 @@ class Partition(SegmentLog):
                                                      self.last_publish_time)
                 segs = self._segments
                 active = segs[-1]
-                if active.size - self._checkpoint_pos >= segment_log.CHECKPOINT_BYTES:     # (_maybe_checkpoint, inline)
-                    self._checkpoint()
+                if active.size >= self._due_pos:      # (_maybe_checkpoint, inline)
+                    self._at_due()
                     segs = self._segments
                     active = segs[-1]
                 end = active.next_offset
@@ -427,8 +426,8 @@ class Partition(SegmentLog):
             # (an abort is also indexed in its marker's segment)
             snapshot = self.txns.ended(hi, lo, commit, base, pid, None if commit else self.segment_base(base))
             active = self._segments[-1]
-            if active.size - self._checkpoint_pos >= segment_log.CHECKPOINT_BYTES:     # (_maybe_checkpoint, inline)
-                self._checkpoint()
+            if active.size >= self._due_pos:      # (_maybe_checkpoint, inline)
+                self._at_due()
             self._publish(active.next_offset)
         if snapshot:
             self.snapshot_txn_buffer()
