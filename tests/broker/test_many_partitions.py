@@ -163,6 +163,7 @@ p = b.producer("t")
 p.send(b"before", partition=7)
 txn = b.new_transaction(timeout=600)
 p.send(b"in-txn", partition=7, txn=txn)
+txn.flush()                                    # its coordinator log names partition 7 now
 p.send(b"after", partition=7)
 print("READY", flush=True)
 sys.stdin.readline()

@@ -409,6 +409,7 @@ def test_transactions_list_describe_abort(capsys, monkeypatch, data):
         # abort needs the owner: it is handed this broker.
         txn = b.new_transaction(timeout=120)
         b.producer("orders").send(b"held", partition=2, txn=txn).offset    # appended now, not only accumulated
+        txn.flush()                     # named in the coordinator log now (else within 50 ms)
         monkeypatch.setattr(opening, "open_for_writing", lambda path, progress=None, create=False: _Held(b))
         code, out, _ = run(capsys, "transactions", "list", data)
         assert code == 0
@@ -504,6 +505,7 @@ c.close()
 p = b.producer("orders")
 txn = b.new_transaction(timeout=600)
 p.send_batch([b"open-1", b"open-2"], partition=0, txn=txn)
+txn.flush()         # (its coordinator log names its partition now, not within the next timeout check)
 p.send(b"after-open", partition=0)
 st = b.stats()["topics"]["orders"]
 print("READY", json.dumps({"txn": str(txn.id), "ends": b.describe_topic("orders")["end_offsets"],

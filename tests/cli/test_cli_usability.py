@@ -43,6 +43,7 @@ b = txmq.Broker({str(d)!r}, control_socket=False)
 b.create_topic("t")
 txn = b.new_transaction(timeout=600)
 b.producer("t").send(b"x", txn=txn)
+txn.flush()
 print(txn.id, flush=True)
 sys.stdin.read()
 """

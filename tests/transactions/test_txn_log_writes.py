@@ -15,6 +15,7 @@ import txmq
 import txmq.readonly as readonly
 from txmq import _redolog, _txnlog as L
 from txmq.transactions import coordinator
+import txmq.broker.broker as broker_module
 
 
 def frames(path) -> list:
@@ -483,3 +484,78 @@ def test_a_seek_after_a_commit_holds_after_a_reopen(tmp_path, move):
             assert len(c.receive_many(20, 1.0)) == 10
     with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
         assert len(b.subscribe("in", "s").receive_many(20, 1.0)) == 10
+
+
+def test_a_first_append_has_no_coordinator_write_of_its_own(tmp_path, monkeypatch):
+    """ADD_PARTITION (with BEGIN) waits for the log's next write: the
+    transaction's DECIDED frame goes out in the same write. Without one,
+    the broker's timeout check writes it (``TransactionCoordinator.expire``,
+    every TIMEOUT_CHECK_INTERVAL), so a read-only view names the partition
+    soon; ``Transaction.flush()`` writes it at once."""
+    monkeypatch.setattr(broker_module, "TIMEOUT_CHECK_INTERVAL", 3600.0)    # (the test runs the check)
+    data = str(tmp_path / "d")
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        b.create_topic("out")
+        p = b.producer("out")
+        b.new_transaction().abort()                   # (the first reserves a block of sequences)
+        txn = b.new_transaction()
+        size = os.path.getsize(tc_log(data))
+        p.send_batch([b"a", b"b"], txn=txn)
+        assert kinds_of(tc_log(data), txn) == [] and os.path.getsize(tc_log(data)) == size
+        txn.commit()
+        assert kinds_of(tc_log(data), txn) == [L.TC_BEGIN, L.TC_ADD_PARTITION, L.TC_DECIDED]
+        flushed = b.new_transaction()
+        p.send(b"c", txn=flushed).offset
+        assert kinds_of(tc_log(data), flushed) == []
+        flushed.flush()
+        assert kinds_of(tc_log(data), flushed) == [L.TC_BEGIN, L.TC_ADD_PARTITION]
+        waiting = b.new_transaction()
+        p.send(b"d", txn=waiting).offset
+        assert kinds_of(tc_log(data), waiting) == []
+        final_records_written(b)                      # the timeout check
+        assert kinds_of(tc_log(data), waiting) == [L.TC_BEGIN, L.TC_ADD_PARTITION]
+        with readonly.open(data) as ro:
+            (seen,) = [t for t in ro.transactions() if t["id"] == str(waiting.id)]
+            assert seen["partitions"] == ["out/0"]
+
+
+UNNAMED_OPEN = r"""
+import os, sys, txmq, txmq.broker.broker
+txmq.broker.broker.TIMEOUT_CHECK_INTERVAL = 3600.0      # (no timeout check writes its frames)
+b = txmq.Broker(sys.argv[1], fsync="commit", num_coordinators=1)
+for name in ("a", "b"):
+    b.create_topic(name, 2)
+done = b.new_transaction()
+b.producer("a").send(b"kept", partition=0, txn=done)
+done.commit()
+t = b.new_transaction()
+for name in ("a", "b"):
+    for i in (0, 1):
+        b.producer(name).send_batch([b"lost-%s%d" % (name.encode(), i)], partition=i, txn=t)
+b.flush()                                      # (its data durable: only its coordinator log misses it)
+print(t.id)
+os._exit(0)
+"""
+
+
+def test_a_transaction_killed_before_its_frames_went_out_is_aborted_where_its_data_is(tmp_path):
+    """A crash before the deferred ADD_PARTITION frames are written leaves
+    a transaction's data in partitions no log names: each partition aborts
+    it when it opens (here at first use, after recovery), and
+    read_committed readers move past it."""
+    data = str(tmp_path / "d")
+    txn = run_child(UNNAMED_OPEN, data).split()[-1]
+    assert L.pack_txn(*txmq.TxnID.parse(txn).words) not in {p[:16] for _, p in frames(tc_log(data))}
+    with txmq.Broker(data, fsync="commit", num_coordinators=1) as b:
+        for name in ("a", "b"):
+            for i in (0, 1):
+                c = b.subscribe(name, f"s{i}", isolation="read_committed", initial_position="earliest")
+                got = [m.value for m in c.receive_many(10, 0.5) if m.partition == i]
+                assert got == ([b"kept"] if (name, i) == ("a", 0) else [])
+                assert b.stats()["topics"][name]["partitions"][i]["open_transactions"] == 0
+        assert b.recovered_transactions["aborted"] == 4        # once in each partition it reached
+        after = b.new_transaction()
+        b.producer("b").send(b"after", partition=1, txn=after)
+        after.commit()
+        c = b.subscribe("b", "late", isolation="read_committed", initial_position="earliest")
+        assert [m.value for m in c.receive_many(10, 0.5)] == [b"after"]

@@ -133,20 +133,20 @@ class Transaction:
     def flush(self) -> None:
         """Append the batches of this transaction's one-message sends that
         are still accumulating (what :meth:`commit` does first), and write
-        its acks to the pending-ack logs and its subscriptions to its
-        coordinator's log, now: a read_uncommitted reader, a read-only view
-        in another process (``txmq.readonly``) and a crash then see them.
-        Raises what an append raised; the transaction stays open."""
+        its acks to the pending-ack logs and its partitions and subscriptions
+        to its coordinator's log, now: a read_uncommitted reader, a
+        read-only view in another process (``txmq.readonly``) and a crash
+        then see them. Raises what an append raised; the transaction stays
+        open."""
         meta = self._meta
         if meta.owner is not None:
             meta.check_owner()
         meta.check_open("flush")
         for acc in list(self._accumulators):
             self._broker._batching.flush(acc)
-        if meta.subscriptions:
-            self._coordinator.log_participants(meta)     # (inspection then names them)
-            for acks in list(meta.subscriptions.values()):
-                acks.write_txn(meta.id)
+        self._coordinator.log_participants(meta)     # (inspection then names them)
+        for acks in list(meta.subscriptions.values()):
+            acks.write_txn(meta.id)
 
     def commit_async(self) -> Future:
         """Start the commit and return a ``concurrent.futures.Future`` at

@@ -22,11 +22,16 @@ has the frames) and a timeout tracker. Ending a transaction is two-phase:
    a decided transaction, which recovery applies again.
 
 Beginning writes nothing (sequences come from synced RESERVE blocks). A
-transaction's BEGIN goes out in the write of its first other frame:
-ADD_PARTITION before its first append somewhere, else its DECIDED or
-PREPARED frame, or the ADD_SUBSCRIPTION frames :meth:`log_participants`
-writes before its acks are framed. One that never wrote a frame aborts
-without any (``TxnMeta.logged``).
+transaction's BEGIN goes out with its first other frame: the ADD_PARTITION
+of its first append somewhere, which has no write of its own (deferred,
+as COMMITTED is: it goes out at the front of the log's next write, most
+often the transaction's own DECIDED frame), else its DECIDED or PREPARED
+frame, or the ADD_SUBSCRIPTION frames :meth:`log_participants` writes
+before its acks are framed. One that never wrote a frame aborts without
+any (``TxnMeta.logged``). A crash can lose a deferred ADD_PARTITION and
+leave the transaction's data in a partition no log names: that partition
+aborts it when it opens (txmq.broker.recovery), and since a sequence is
+never handed out twice such a transaction is never taken for a live one.
 
 Concurrent commits share the flush of step 2 (whoever syncs covers every
 frame written before); :meth:`TransactionCoordinator.end` with a future
@@ -237,18 +242,29 @@ class TransactionCoordinator:
                 if frames:
                     self._log_with_begin(meta, frames)
                     meta.logged_subs.update(keys)
+                else:
+                    self.log.write_deferred()     # (its BEGIN and ADD_PARTITION frames)
 
     def register_partition(self, meta: TxnMeta, partition) -> None:
-        """ADD_PARTITION, logged before the transaction's first append there."""
+        """ADD_PARTITION (led by BEGIN when the log does not have it yet),
+        deferred: it goes out at the front of the log's next write (the
+        transaction's DECIDED frame, most often) or of the scheduler's
+        timeout check, so a read-only view names the partition within that
+        period. A crash that loses it leaves data no log names, which the
+        partition aborts when it opens (module docstring)."""
         key = (partition.topic, partition.index)
         with meta.lock:
             meta.check_open("send")
             if meta.partitions.get(key) is partition:
                 return        # (a topic deleted and created again is a new participant)
             with self.lock:
-                self._log_with_begin(meta, [(TC_ADD_PARTITION, pack_txn(*meta.words) + encode_text(partition.topic)
-                                             + struct.pack("<I", partition.index))])
-            meta.partitions[key] = partition
+                words = pack_txn(*meta.words)
+                if not meta.logged:
+                    self.log.defer(TC_BEGIN, words + _TIMES.pack(int(meta.timeout * 1000), meta.start_ms))
+                    meta.logged = True       # (every later write goes out after it)
+                self.log.defer(TC_ADD_PARTITION, words + encode_text(partition.topic)
+                               + struct.pack("<I", partition.index))
+                meta.partitions[key] = partition     # (a compaction's snapshot, which drops the frame, names it)
 
     def register_subscription(self, meta: TxnMeta, subscription) -> None:
         """``subscription`` takes part in ``meta`` (before its first ack
