@@ -117,6 +117,8 @@ cdef class Segment(SegmentFile):
     cdef readonly uint32_t last_crc                 # CRC field of the last batch append() wrote
     cdef Py_ssize_t written_to                      # end of the last large batch's pwritev, up to
                                                     # its page's end (0: a small batch took it)
+    cdef Py_ssize_t last_start                      # where the batch append() wrote last starts (-1: none)
+    cdef bint last_by_pwritev                       # ... and whether it went by pwritev
     # CRC is checked once per batch per process. Verified: the prefix
     # [0, verified_end) read in order, and the tail [verified_from, size)
     # that recovery scanned or this process appended.
@@ -134,6 +136,7 @@ cdef class Segment(SegmentFile):
         self.quarantine = QuarantineRanges()
         self.verified_end = 0
         self.verified_from = PY_SSIZE_T_MAX
+        self.last_start = -1
         SegmentFile.__init__(self, path, capacity, writable, budget)
 
     # -- appending ---------------------------------------------------------
@@ -183,6 +186,8 @@ cdef class Segment(SegmentFile):
             self.written_to = 0
         if self._map.torn():             # the store went to a page the file no longer has
             self._raise_torn(start)
+        self.last_start = start
+        self.last_by_pwritev = not store
         self.index.add(start, base, publish_time)
         if self.verified_from > start:      # a segment never recovered: all of it is ours
             self.verified_from = start
@@ -190,6 +195,26 @@ cdef class Segment(SegmentFile):
         self.next_offset = base + spec.count
         self.last_publish_time = publish_time
         return 0
+
+    def last_batch(self):
+        """A copy of the batch :meth:`append` wrote last (None when it wrote
+        none): read with ``pread`` when it went by pwritev (its pages are in
+        the page cache but not in this process's page tables, so reading
+        them through the mapping would take a fault per page), else from
+        the mapping it was just stored into."""
+        cdef Py_ssize_t start = self.last_start, n = self.size - self.last_start
+        if start < 0 or n <= 0:
+            return None
+        self._use()
+        try:
+            if self.last_by_pwritev:
+                data = os.pread(self.fd, n, start)
+                if len(data) != n:
+                    raise OSError(f"{self.path}: {len(data)} of the last batch's {n} bytes read back")
+                return data
+            return PyBytes_FromStringAndSize(self._map.base + start, n)
+        finally:
+            self._unuse()
 
     def append_encoded(self, data):
         """Write one already-encoded batch ``data`` at the end; return its
@@ -223,6 +248,8 @@ cdef class Segment(SegmentFile):
         self.index.add(start, base, publish_time)
         if self.verified_from > start:
             self.verified_from = start
+        self.last_start = start
+        self.last_by_pwritev = True
         self.size = start + need
         self.next_offset = base + load_i32(<const char *>&view[0] + COUNT_OFFSET)
         self.last_publish_time = publish_time
@@ -535,6 +562,7 @@ cdef class Segment(SegmentFile):
         os.ftruncate(self.fd, pos)
         self.allocated = pos
         self.size = min(self.size, pos)
+        self.last_start = -1
         self.verified_end = min(self.verified_end, pos)
         self.verified_from = min(self.verified_from, pos)
         self.next_offset = next_offset

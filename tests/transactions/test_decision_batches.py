@@ -11,16 +11,25 @@ import pyarrow as pa
 import pytest
 
 import txmq
+from txmq.storage import partition as partition_mod
 from txmq.transactions import decision
 
 
-def read_back(part, words) -> list:
-    """The transaction's batches as a scan of the log finds them."""
+def read_back(part, words, copy_max: int = -1) -> list:
+    """The transaction's batches as a scan of the log finds them (with
+    their bytes read from the log when they hold at most ``copy_max``)."""
     kept = part._txn_appends.pop(words)
     try:
-        return part.txn_batches(words, -1)
+        return part.txn_batches(words, copy_max)
     finally:
         part._txn_appends[words] = kept
+
+
+def file_bytes(part, base: int, length: int) -> bytes:
+    seg, pos = part.segment_for(base)
+    with open(seg.path, "rb") as f:
+        f.seek(pos)
+        return f.read(length)
 
 
 def send_everything(b, txn, n: int = 40) -> None:
@@ -72,7 +81,64 @@ def test_a_small_transaction_copied_into_its_record_reads_its_bytes(tmp_path):
         for r in named:
             seg, pos = part.segment_for(r.base_offset)
             assert r.crc == seg.crc_at(pos) and r.length == seg.batch_at(pos).length
-            assert r.data is not None and len(r.data) == r.length
+            assert r.data == file_bytes(part, r.base_offset, r.length)
+
+
+def test_copies_are_kept_from_the_append_and_are_the_logs_bytes(tmp_path):
+    """Under fsync="commit" a partition keeps a copy of each batch of a
+    small transaction as it appends it (a batch stored into the mapping, a
+    larger one written with pwritev, the small one right after it): the
+    commit reads none back, and the copies equal what a scan of the log
+    reads."""
+    with txmq.Broker(tmp_path / "d", fsync="commit") as b:
+        b.create_topic("out", 1)
+        part = b._topics["out"].partitions[0]
+        p = b.producer("out")
+        p.send(b"before", partition=0)
+        txn = b.new_transaction()
+        p.send_batch([b"a" * 100, b"b" * 200], partition=0, txn=txn)                  # stored
+        p.send_batch([os.urandom(5000), b"c"], keys=[b"k", None], partition=0, txn=txn)  # pwritev
+        p.send_batch([b"d"], partition=0, txn=txn)                                     # small after it
+        p.send_batch(pa.array([os.urandom(300) for _ in range(20)], pa.binary()), partition=0, txn=txn)
+        words = txn._meta.words
+        entry = part._txn_appends[words]
+        assert entry[4] == entry[3] == sum(b[3] for b in entry[2]) and part._txn_copies_held == entry[3]
+        kept = part.txn_batches(words, decision.REDO_COPY_MAX)
+        assert kept == read_back(part, words, decision.REDO_COPY_MAX)
+        assert all(data == file_bytes(part, base, length) for base, _, _, length, data in kept)
+        # A bound the copies do not fit (another partition of the
+        # transaction took the rest): named without them.
+        assert part.txn_batches(words, entry[3] - 1) == [b[:4] + (None,) for b in kept]
+        txn.commit()
+        named = decision.decode(txn._meta.record).partitions[("out", 0)]
+        assert [tuple(r) for r in named] == kept
+        assert part._txn_copies_held == 0 and part._txn_appends == {}
+
+
+def test_copies_held_for_open_transactions_stay_within_their_bound(tmp_path, monkeypatch):
+    """Past TXN_COPIES_HELD_MAX bytes of copies for the open transactions of
+    a partition, a transaction's batches are not kept: its commit reads
+    them back, with the same record."""
+    monkeypatch.setattr(partition_mod, "TXN_COPIES_HELD_MAX", 5000)
+    with txmq.Broker(tmp_path / "d", fsync="commit") as b:
+        b.create_topic("out", 1)
+        part = b._topics["out"].partitions[0]
+        p = b.producer("out")
+        txns = [b.new_transaction() for _ in range(4)]
+        for i, txn in enumerate(txns):
+            p.send_batch([bytes([65 + i]) * 1900], partition=0, txn=txn)
+            p.send_batch([b"x%d" % i], partition=0, txn=txn)
+        entries = [part._txn_appends[t._meta.words] for t in txns]
+        assert [e[4] == e[3] for e in entries] == [True, True, False, False]
+        assert part._txn_copies_held <= 5000
+        for txn in txns:
+            words = txn._meta.words
+            expected = read_back(part, words, decision.REDO_COPY_MAX)
+            assert all(data is not None for *_, data in expected)
+            txn.commit()
+            named = decision.decode(txn._meta.record).partitions[("out", 0)]
+            assert [tuple(r) for r in named] == expected
+        assert part._txn_copies_held == 0
 
 
 def test_a_transaction_begun_before_a_reopen_is_named_from_the_log(tmp_path):

@@ -48,6 +48,15 @@ TRANSACTIONAL = FLAG["transactional"]
 # transactional control batch of no transaction and no marker kind, one
 # offset per lost offset, never delivered.
 GAP_FLAGS = FLAG["transactional"] | FLAG["control"]
+# A commit's decision record carries a copy of the transaction's batches
+# on a partition when they hold at most TXN_COPY_MAX bytes in all
+# (txmq.transactions.decision.REDO_COPY_MAX is this bound). Unless
+# fsync="never", a partition keeps that copy from the append on, so the
+# commit reads nothing back, while the copies it holds for its open
+# transactions stay within TXN_COPIES_HELD_MAX bytes (past it, a commit
+# reads its batches back from the log).
+TXN_COPY_MAX = 64 * 1024
+TXN_COPIES_HELD_MAX = 1024 * 1024
 
 
 class Partition(SegmentLog):
@@ -67,13 +76,16 @@ class Partition(SegmentLog):
         self.producer_state = ProducerState(topic, index, producer_expiration_ms)
         self._listeners = []             # called with no lock held after an append
         self._end_listeners = []         # called with no lock held after a transaction's marker
-        # (hi, lo) -> (producer id, epoch, batches) of an open transaction
-        # that began here through this object: the producer of its first
-        # batch (what its marker carries) and [(base offset, count, crc,
-        # length, None)] of each batch it appended, in order (what its
-        # commit's decision record names, known without reading the log
-        # back: txn_batches).
+        # (hi, lo) -> [producer id, epoch, batches, length, copied] of an
+        # open transaction that began here through this object: the
+        # producer of its first batch (what its marker carries), [(base
+        # offset, count, crc, length, bytes or None)] of each batch it
+        # appended, in order (what its commit's decision record names,
+        # known without reading the log back: txn_batches), their length
+        # in all, and how much of it the bytes kept hold (TXN_COPY_MAX).
         self._txn_appends = {}
+        self._txn_copy_max = -1 if fsync == "never" else TXN_COPY_MAX
+        self._txn_copies_held = 0        # bytes kept in _txn_appends
         os.makedirs(self.path, exist_ok=True)
         # Readers stop trusting the last opening's readview before recovery
         # cuts a tail or rewrites a .txnindex, and trust this one after.
@@ -225,10 +237,21 @@ class Partition(SegmentLog):
                         self.txns.undo_begin(txn_hi, txn_lo)
                     raise
                 if batches is not None:
-                    batches.append((base, spec.count, self._segments[-1].last_crc, encoded, None))
+                    total = entry[3] = entry[3] + encoded
+                    copy = None
+                    if total <= self._txn_copy_max and self._txn_copies_held + encoded <= TXN_COPIES_HELD_MAX:
+                        copy = self._segments[-1].last_batch()
+                        entry[4] += encoded
+                        self._txn_copies_held += encoded
+                    batches.append((base, spec.count, self._segments[-1].last_crc, encoded, copy))
                 elif added:          # (not added: it began here before this object opened the log)
-                    self._txn_appends[key] = (producer_id, producer_epoch,
-                                              [(base, spec.count, self._segments[-1].last_crc, encoded, None)])
+                    copy = None
+                    if encoded <= self._txn_copy_max and self._txn_copies_held + encoded <= TXN_COPIES_HELD_MAX:
+                        copy = self._segments[-1].last_batch()
+                        self._txn_copies_held += encoded
+                    self._txn_appends[key] = [producer_id, producer_epoch,
+                                              [(base, spec.count, self._segments[-1].last_crc, encoded, copy)],
+                                              encoded, 0 if copy is None else encoded]
                 if producer_id >= 0:         # (ProducerState.record, inline)
                     self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                                      self.last_publish_time)
@@ -321,11 +344,14 @@ class Partition(SegmentLog):
         entry = self._txn_appends.get((hi, lo))
         appended = None if entry is None else entry[2]
         if appended is not None and appended[0][0] == first:
-            # Known from the appends (no page of the log read back), unless
-            # their bytes are to be copied: those are small, read below.
-            if copy_max < 0 or sum([b[3] for b in appended]) > copy_max:
-                start = segs[0].base_offset
-                return list(appended) if appended[0][0] >= start else [b for b in appended if b[0] >= start]
+            # Known from the appends, with the copies kept there (no page of
+            # the log read back); only a copy that was not kept is read below.
+            start = segs[0].base_offset
+            if copy_max < 0 or entry[3] > copy_max:
+                out = appended if appended[0][0] >= start else [b for b in appended if b[0] >= start]
+                return [b[:4] + (None,) for b in out] if entry[4] else list(out)
+            if entry[4] == entry[3] and appended[0][0] >= start:
+                return list(appended)
         i = len(segs) - 1
         while i > 0 and segs[i - 1].next_offset > first:
             i -= 1
@@ -419,6 +445,7 @@ class Partition(SegmentLog):
             entry = self._txn_appends.pop((hi, lo), None)
             if entry is not None:
                 pid, epoch = entry[0], entry[1]
+                self._txn_copies_held -= entry[4]
             else:
                 info = self.batch_starting_at(first)
                 pid, epoch = (-1, 0) if info is None else (info.producer_id, info.producer_epoch)
