@@ -49,6 +49,7 @@ from libc.stdint cimport uint16_t, uint32_t, int16_t, int32_t, int64_t, uint64_t
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memcpy
 from posix.uio cimport iovec
+from posix.unistd cimport pread
 
 import os
 import time
@@ -201,18 +202,29 @@ cdef class Segment(SegmentFile):
         none): read with ``pread`` when it went by pwritev (its pages are in
         the page cache but not in this process's page tables, so reading
         them through the mapping would take a fault per page), else from
-        the mapping it was just stored into."""
-        cdef Py_ssize_t start = self.last_start, n = self.size - self.last_start
+        the mapping it was just stored into. The GIL is kept: the caller
+        holds its partition's lock, and a thread that let the GIL go there
+        would make every other appender wait behind it."""
+        cdef Py_ssize_t start = self.last_start, n = self.size - self.last_start, got = 0
+        cdef ssize_t rc
+        cdef char *dst
         if start < 0 or n <= 0:
             return None
         self._use()
         try:
-            if self.last_by_pwritev:
-                data = os.pread(self.fd, n, start)
-                if len(data) != n:
-                    raise OSError(f"{self.path}: {len(data)} of the last batch's {n} bytes read back")
-                return data
-            return PyBytes_FromStringAndSize(self._map.base + start, n)
+            if not self.last_by_pwritev:
+                return PyBytes_FromStringAndSize(self._map.base + start, n)
+            data = PyBytes_FromStringAndSize(NULL, n)
+            dst = <char *>data
+            while got < n:
+                rc = pread(self.fd, dst + got, n - got, start + got)
+                if rc < 0 and errno == EINTR:
+                    continue
+                if rc <= 0:
+                    raise OSError(errno if rc < 0 else 0,
+                                  f"{self.path}: {got} of the last batch's {n} bytes read back")
+                got += rc
+            return data
         finally:
             self._unuse()
 
