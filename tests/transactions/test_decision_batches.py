@@ -84,6 +84,10 @@ def test_a_small_transaction_copied_into_its_record_reads_its_bytes(tmp_path):
             assert r.data == file_bytes(part, r.base_offset, r.length)
 
 
+def test_a_partition_keeps_copies_up_to_the_decision_records_bound():
+    assert partition_mod.TXN_COPY_MAX == decision.REDO_COPY_MAX
+
+
 def test_copies_are_kept_from_the_append_and_are_the_logs_bytes(tmp_path):
     """Under fsync="commit" a partition keeps a copy of each batch of a
     small transaction as it appends it (a batch stored into the mapping, a

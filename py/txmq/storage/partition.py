@@ -50,11 +50,13 @@ TRANSACTIONAL = FLAG["transactional"]
 GAP_FLAGS = FLAG["transactional"] | FLAG["control"]
 # A commit's decision record carries a copy of the transaction's batches
 # on a partition when they hold at most TXN_COPY_MAX bytes in all
-# (txmq.transactions.decision.REDO_COPY_MAX is this bound). Unless
-# fsync="never", a partition keeps that copy from the append on, so the
-# commit reads nothing back, while the copies it holds for its open
-# transactions stay within TXN_COPIES_HELD_MAX bytes (past it, a commit
-# reads its batches back from the log).
+# (txmq.transactions.decision.REDO_COPY_MAX, the same bound: storage does
+# not import it, a test holds them equal). Unless fsync="never", a
+# partition keeps that copy from the append on, so the commit reads
+# nothing back, while the copies it holds for its open transactions stay
+# within TXN_COPIES_HELD_MAX bytes (past it, a commit reads its batches
+# back from the log). A bound that differed would cost speed, not
+# correctness: a commit uses the copies only when all were kept.
 TXN_COPY_MAX = 64 * 1024
 TXN_COPIES_HELD_MAX = 1024 * 1024
 

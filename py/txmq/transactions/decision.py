@@ -33,7 +33,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from txmq._txnlog import decode_decision, encode_decision, ranges_of
-from txmq.storage.partition import TXN_COPY_MAX
 
 __all__ = ["REDO_COPY_MAX", "BatchRef", "AckRanges", "Decision", "encode", "decode", "offset_ranges"]
 
@@ -42,7 +41,7 @@ __all__ = ["REDO_COPY_MAX", "BatchRef", "AckRanges", "Decision", "encode", "deco
 # one larger write, a flush of the segment costs a second serial flush
 # (docs/GUARANTEES.md). 64 KiB keeps the README's loop (100 x 100 B) and
 # most request-sized outputs to one flush.
-REDO_COPY_MAX = TXN_COPY_MAX       # (a partition keeps copies that small from the append on)
+REDO_COPY_MAX = 64 * 1024
 
 
 class BatchRef(NamedTuple):
