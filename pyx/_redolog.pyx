@@ -26,7 +26,8 @@ journal. There a frame length of zero followed by zeros to the end of the
 file is the clean end of the log, not a torn frame.
 
 A frame that replay can do without (the coordinator log's COMMITTED and
-ABORTED, a cursor's frame of a committed transaction's acks) may be
+ABORTED, a transaction's BEGIN and ADD_PARTITION before it decides, a
+cursor's frame of a committed transaction's acks) may be
 *deferred*: it has no write of its own and goes out at the front of the
 log's next write, at a sync, or at close; a compaction drops it.
 

@@ -134,6 +134,7 @@ def test_copies_held_for_open_transactions_stay_within_their_bound(tmp_path, mon
             p.send_batch([b"x%d" % i], partition=0, txn=txn)
         entries = [part._txn_appends[t._meta.words] for t in txns]
         assert [e[4] == e[3] for e in entries] == [True, True, False, False]
+        assert [e[4] for e in entries[2:]] == [0, 0]      # (a copy refused: none kept, none after)
         assert part._txn_copies_held <= 5000
         for txn in txns:
             words = txn._meta.words
@@ -162,3 +163,26 @@ def test_a_transaction_begun_before_a_reopen_is_named_from_the_log(tmp_path):
         b.commit_prepared(txn_id)
         c = b.subscribe("out", "s", initial_position="earliest")
         assert [len(m.value) for m in c.receive_many(10, 1.0)] == [70_000, 1, 70_000]
+
+
+def test_a_commit_after_retention_took_some_of_its_batches_copies_those_left(tmp_path):
+    """Retention may delete an open transaction's first segment (no
+    subscription holds it). The commit names the batches left, and
+    whether they are copied into its record follows from their size: a
+    record that named them without copies and without a sync would leave
+    them unrepairable after a power loss."""
+    with txmq.Broker(tmp_path / "d", fsync="commit", segment_bytes_max=90_000, retention_bytes=1,
+                     retention_check_interval=3600.0) as b:
+        b.create_topic("out", 1)
+        part = b._topics["out"].partitions[0]
+        p = b.producer("out")
+        txn = b.new_transaction()
+        for size in (40_000, 5_000, 40_000):                            # (85 KB: one segment)
+            p.send_batch([os.urandom(size)], partition=0, txn=txn)
+        p.send_batch([os.urandom(40_000)], partition=0, txn=txn)        # (the next one)
+        b.enforce_retention()
+        assert part.start_offset == 3, "retention should have taken the first segment"
+        txn.commit()
+        named = decision.decode(txn._meta.record).partitions[("out", 0)]
+        assert [r.base_offset for r in named] == [3]
+        assert named[0].data == file_bytes(part, 3, named[0].length)

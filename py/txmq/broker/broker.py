@@ -171,6 +171,8 @@ class Broker(Recovery, PreparedTransactions):
         self._coordinators: list[TransactionCoordinator] = []
         self._tc_rr = itertools.count()
         self.recovered_transactions = {"committed": 0, "aborted": 0}
+        self._recovered_ids = set()      # the transactions counted there (one partition opened later
+                                         # may abort a transaction another already counted)
         self.retention_ms = retention_ms
         self.retention_bytes = retention_bytes
         self._partition_options = dict(fsync=fsync, segment_bytes_max=segment_bytes_max,

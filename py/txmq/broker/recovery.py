@@ -71,10 +71,11 @@ class Recovery:
             return entry is not None and entry[0] in (COMMITTING, COMMITTED)
 
         # Partitions open lazily: those that may hold a logged transaction's
-        # data or marker (its participants, as logged before its first
-        # append there) are opened now, with those the subscriptions
-        # opened; any other partition a crash left a transaction in learns
-        # its fate when it opens (_partition_opened).
+        # data or marker (its participants, as its ADD_PARTITION frames
+        # name them) are opened now, with those the subscriptions opened;
+        # any other partition a crash left a transaction in (one whose
+        # deferred ADD_PARTITION never went out, or was lost) learns its
+        # fate when it opens (_partition_opened).
         for entry in logged.values():
             for topic, index in entry[3] or ():
                 t = self._topics.get(topic)
@@ -102,6 +103,7 @@ class Recovery:
             self._restore_prepared(words, entry, records.get(words))
         for commit in outcomes.values():
             ended["committed" if commit else "aborted"] += 1
+        self._recovered_ids.update(outcomes)
         # Durable outcomes (markers, cursor frames) before the logs forget them.
         for participant in {id(x): x for x, _ in held}.values():
             participant.flush()
@@ -175,7 +177,9 @@ class Recovery:
         for txn_id in held:
             self._saw(txn_id)
             p.end_txn(txn_id, False)
-            self.recovered_transactions["aborted"] += 1
+            if txn_id not in self._recovered_ids:       # (once, however many partitions held it)
+                self._recovered_ids.add(txn_id)
+                self.recovered_transactions["aborted"] += 1
         if held:
             p.flush()
         if self._producer_ids is not None:

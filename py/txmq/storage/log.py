@@ -21,6 +21,7 @@ are in place, and a read that retention raced is retried.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 
@@ -46,7 +47,7 @@ CHECKPOINT_BYTES = 16 * 1024 * 1024
 # producer goes on, and the sync of a checkpoint or a commit waits only for
 # what is still in flight, not for every byte since the last sync.
 WRITEBACK_BYTES = 1024 * 1024
-PAGE_MASK = ~4095
+PAGE_MASK = ~(mmap.PAGESIZE - 1)
 
 
 class SegmentLog:

@@ -239,18 +239,12 @@ class Partition(SegmentLog):
                         self.txns.undo_begin(txn_hi, txn_lo)
                     raise
                 if batches is not None:
-                    total = entry[3] = entry[3] + encoded
-                    copy = None
-                    if total <= self._txn_copy_max and self._txn_copies_held + encoded <= TXN_COPIES_HELD_MAX:
-                        copy = self._segments[-1].last_batch()
-                        entry[4] += encoded
-                        self._txn_copies_held += encoded
+                    # (copies only while every batch so far was copied)
+                    copy = self._copy_last(entry, encoded) if entry[4] == entry[3] else None
                     batches.append((base, spec.count, self._segments[-1].last_crc, encoded, copy))
+                    entry[3] += encoded
                 elif added:          # (not added: it began here before this object opened the log)
-                    copy = None
-                    if encoded <= self._txn_copy_max and self._txn_copies_held + encoded <= TXN_COPIES_HELD_MAX:
-                        copy = self._segments[-1].last_batch()
-                        self._txn_copies_held += encoded
+                    copy = self._copy_last(None, encoded) if self._txn_copy_max >= 0 else None
                     self._txn_appends[key] = [producer_id, producer_epoch,
                                               [(base, spec.count, self._segments[-1].last_crc, encoded, copy)],
                                               encoded, 0 if copy is None else encoded]
@@ -275,6 +269,31 @@ class Partition(SegmentLog):
             for cb in self._listeners:
                 cb(self)
         return base
+
+    def _copy_last(self, entry, encoded: int):
+        """A copy of the batch just appended for a transaction (``entry``,
+        its _txn_appends record before this batch; None: its first batch
+        here), for its decision record; None when it is not kept: the
+        transaction's batches would pass TXN_COPY_MAX or the partition's
+        copies TXN_COPIES_HELD_MAX, or reading it back failed (the commit
+        then reads the log). A transaction that loses a copy gives back
+        those it had: they would never be used (partition lock held)."""
+        total = encoded if entry is None else entry[3] + encoded
+        copy = None
+        if total <= self._txn_copy_max and self._txn_copies_held + encoded <= TXN_COPIES_HELD_MAX:
+            try:
+                copy = self._segments[-1].last_batch()
+            except Exception:            # (the batch is in the log: only the copy is lost)
+                copy = None
+        if copy is not None:
+            self._txn_copies_held += encoded
+            if entry is not None:
+                entry[4] += encoded
+        elif entry is not None and entry[4]:
+            self._txn_copies_held -= entry[4]
+            entry[4] = 0
+            entry[2][:] = [b[:4] + (None,) for b in entry[2]]
+        return copy
 
     def _retried(self, spec: BatchSpec, producer_id: int, epoch: int, seq: int, txn) -> int:
         """For an explicit sequence ``seq``: -1 when the batch is to be
@@ -345,14 +364,15 @@ class Partition(SegmentLog):
             return None if not segs else []
         entry = self._txn_appends.get((hi, lo))
         appended = None if entry is None else entry[2]
-        if appended is not None and appended[0][0] == first:
+        if appended is not None and appended[0][0] == first and first >= segs[0].base_offset:
             # Known from the appends, with the copies kept there (no page of
-            # the log read back); only a copy that was not kept is read below.
-            start = segs[0].base_offset
+            # the log read back); copies not kept are read below. (Once
+            # retention deleted some of its batches, the scan below names
+            # those left, and whether they are copied follows from their
+            # size, as the caller's count of them does.)
             if copy_max < 0 or entry[3] > copy_max:
-                out = appended if appended[0][0] >= start else [b for b in appended if b[0] >= start]
-                return [b[:4] + (None,) for b in out] if entry[4] else list(out)
-            if entry[4] == entry[3] and appended[0][0] >= start:
+                return [b[:4] + (None,) for b in appended] if entry[4] else list(appended)
+            if entry[4] == entry[3]:
                 return list(appended)
         i = len(segs) - 1
         while i > 0 and segs[i - 1].next_offset > first:

@@ -98,7 +98,8 @@ class TxnMeta:
         self.record = None                # its decision record once a commit or a prepare logged one (bytes)
         self.prepared_ms = None           # when it was prepared (epoch ms), if it was
         self.xid = None                   # the global id given at prepare ("" when none)
-        self.logged = False               # its coordinator log has its BEGIN (or a snapshot names it)
+        self.logged = False               # its BEGIN is in its coordinator log, or deferred to go out before
+                                          # any later frame (or a snapshot names it)
         self.logged_subs = set()          # the subscription keys the log names for it (ADD_SUBSCRIPTION)
 
     def check_open(self, doing: str = "use it") -> None:
