@@ -56,7 +56,7 @@ class Scheduler:
                     self._cond.wait(None if not self._heap else self._heap[0][0] - self._clock())
                 if self._stopped:
                     return
-                due, _, _, task = heapq.heappop(self._heap)
+                due, _, task = heapq.heappop(self._heap)
                 task.armed = False      # (an arm() from here on schedules it again)
             task.run(due)
 
@@ -93,7 +93,7 @@ class OnDemand:
             self.armed = True
             now = s._clock()
             at = now + self.interval if due is None else max(due + self.interval, now)
-            heapq.heappush(s._heap, (at, next(s._seq), self.interval, self))
+            heapq.heappush(s._heap, (at, next(s._seq), self))
             s._cond.notify()
 
     def run(self, due: float) -> None:

@@ -354,11 +354,9 @@ class SegmentLog:
             self._checkpoint()
             return
         end = seg.size & PAGE_MASK
-        if end > self._writeback_pos:
+        if end > self._writeback_pos:    # (not yet a whole page past it: due again one interval on)
             seg.start_writeback(self._writeback_pos, end)
             self._writeback_pos = end
-        else:                            # (the segment was cut below it: start from its end)
-            self._writeback_pos = seg.size
         self._set_due()
 
     def _checkpoint(self) -> None:

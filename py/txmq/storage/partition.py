@@ -78,13 +78,13 @@ class Partition(SegmentLog):
         self.producer_state = ProducerState(topic, index, producer_expiration_ms)
         self._listeners = []             # called with no lock held after an append
         self._end_listeners = []         # called with no lock held after a transaction's marker
-        # (hi, lo) -> [producer id, epoch, batches, length, copied] of an
-        # open transaction that began here through this object: the
-        # producer of its first batch (what its marker carries), [(base
-        # offset, count, crc, length, bytes or None)] of each batch it
-        # appended, in order (what its commit's decision record names,
-        # known without reading the log back: txn_batches), their length
-        # in all, and how much of it the bytes kept hold (TXN_COPY_MAX).
+        # (hi, lo) -> [producer id, epoch, batches, length] of an open
+        # transaction that began here through this object: the producer of
+        # its first batch (what its marker carries), [(base offset, count,
+        # crc, length, bytes or None)] of each batch it appended, in order
+        # (what its commit's decision record names, known without reading
+        # the log back: txn_batches), and their length in all. Either every
+        # batch has its bytes (TXN_COPY_MAX) or none has.
         self._txn_appends = {}
         self._txn_copy_max = -1 if fsync == "never" else TXN_COPY_MAX
         self._txn_copies_held = 0        # bytes kept in _txn_appends
@@ -239,15 +239,15 @@ class Partition(SegmentLog):
                         self.txns.undo_begin(txn_hi, txn_lo)
                     raise
                 if batches is not None:
-                    # (copies only while every batch so far was copied)
-                    copy = self._copy_last(entry, encoded) if entry[4] == entry[3] else None
+                    # (copies only while every batch so far has one)
+                    copy = self._copy_last(entry, encoded) if batches[0][4] is not None else None
                     batches.append((base, spec.count, self._segments[-1].last_crc, encoded, copy))
                     entry[3] += encoded
                 elif added:          # (not added: it began here before this object opened the log)
                     copy = self._copy_last(None, encoded) if self._txn_copy_max >= 0 else None
                     self._txn_appends[key] = [producer_id, producer_epoch,
                                               [(base, spec.count, self._segments[-1].last_crc, encoded, copy)],
-                                              encoded, 0 if copy is None else encoded]
+                                              encoded]
                 if producer_id >= 0:         # (ProducerState.record, inline)
                     self.producer_state.table.record(producer_id, producer_epoch, base_sequence, spec.count, base,
                                                      self.last_publish_time)
@@ -272,12 +272,13 @@ class Partition(SegmentLog):
 
     def _copy_last(self, entry, encoded: int):
         """A copy of the batch just appended for a transaction (``entry``,
-        its _txn_appends record before this batch; None: its first batch
-        here), for its decision record; None when it is not kept: the
-        transaction's batches would pass TXN_COPY_MAX or the partition's
-        copies TXN_COPIES_HELD_MAX, or reading it back failed (the commit
-        then reads the log). A transaction that loses a copy gives back
-        those it had: they would never be used (partition lock held)."""
+        its _txn_appends record before this batch, every batch in it with
+        its copy; None: its first batch here), for its decision record;
+        None when it is not kept: the transaction's batches would pass
+        TXN_COPY_MAX or the partition's copies TXN_COPIES_HELD_MAX, or
+        reading it back failed (the commit then reads the log). A
+        transaction that loses a copy gives back those it had: they would
+        never be used (partition lock held)."""
         total = encoded if entry is None else entry[3] + encoded
         copy = None
         if total <= self._txn_copy_max and self._txn_copies_held + encoded <= TXN_COPIES_HELD_MAX:
@@ -287,11 +288,8 @@ class Partition(SegmentLog):
                 copy = None
         if copy is not None:
             self._txn_copies_held += encoded
-            if entry is not None:
-                entry[4] += encoded
-        elif entry is not None and entry[4]:
-            self._txn_copies_held -= entry[4]
-            entry[4] = 0
+        elif entry is not None:
+            self._txn_copies_held -= entry[3]
             entry[2][:] = [b[:4] + (None,) for b in entry[2]]
         return copy
 
@@ -370,9 +368,10 @@ class Partition(SegmentLog):
             # retention deleted some of its batches, the scan below names
             # those left, and whether they are copied follows from their
             # size, as the caller's count of them does.)
+            copied = appended[0][4] is not None
             if copy_max < 0 or entry[3] > copy_max:
-                return [b[:4] + (None,) for b in appended] if entry[4] else list(appended)
-            if entry[4] == entry[3]:
+                return [b[:4] + (None,) for b in appended] if copied else list(appended)
+            if copied:
                 return list(appended)
         i = len(segs) - 1
         while i > 0 and segs[i - 1].next_offset > first:
@@ -467,7 +466,8 @@ class Partition(SegmentLog):
             entry = self._txn_appends.pop((hi, lo), None)
             if entry is not None:
                 pid, epoch = entry[0], entry[1]
-                self._txn_copies_held -= entry[4]
+                if entry[2][0][4] is not None:
+                    self._txn_copies_held -= entry[3]
             else:
                 info = self.batch_starting_at(first)
                 pid, epoch = (-1, 0) if info is None else (info.producer_id, info.producer_epoch)

@@ -209,13 +209,18 @@ class TransactionCoordinator:
             self.stats["begun"] += 1
         return meta
 
-    def _log_with_begin(self, meta: TxnMeta, frames: list) -> None:
+    def _log_with_begin(self, meta: TxnMeta, frames: list, defer: bool = False) -> None:
         """Append ``frames`` of ``meta`` in one write, led by its BEGIN if
-        the log does not have it yet (coordinator lock held)."""
+        the log does not have it yet (coordinator lock held). ``defer``:
+        they go out at the front of the log's next write instead
+        (``RedoLog.defer``), so BEGIN still precedes every later frame."""
         if not meta.logged:
             frames = [(TC_BEGIN, pack_txn(*meta.words) + _TIMES.pack(int(meta.timeout * 1000), meta.start_ms))
                       ] + frames
-        if len(frames) == 1:
+        if defer:
+            for kind, payload in frames:
+                self.log.defer(kind, payload)
+        elif len(frames) == 1:
             self.log.append(*frames[0])
         else:
             self.log.append_many(frames)
@@ -258,12 +263,8 @@ class TransactionCoordinator:
             if meta.partitions.get(key) is partition:
                 return        # (a topic deleted and created again is a new participant)
             with self.lock:
-                words = pack_txn(*meta.words)
-                if not meta.logged:
-                    self.log.defer(TC_BEGIN, words + _TIMES.pack(int(meta.timeout * 1000), meta.start_ms))
-                    meta.logged = True       # (every later write goes out after it)
-                self.log.defer(TC_ADD_PARTITION, words + encode_text(partition.topic)
-                               + struct.pack("<I", partition.index))
+                self._log_with_begin(meta, [(TC_ADD_PARTITION, pack_txn(*meta.words) + encode_text(partition.topic)
+                                             + struct.pack("<I", partition.index))], defer=True)
                 meta.partitions[key] = partition     # (a compaction's snapshot, which drops the frame, names it)
 
     def register_subscription(self, meta: TxnMeta, subscription) -> None:
