@@ -321,3 +321,42 @@ def test_power_loss_keeps_prepared_transactions(tmp_path, monkeypatch):
                 b.abort_prepared(t["id"]) if rng.random() < 0.5 else b.commit_prepared(t["id"])
         _check(where, "commit", [v for t, vs in acked_then.items() if t in ended_then and ending_then[t]
                                  for v in vs])
+
+
+def test_power_loss_after_commits_only_their_decision_records_hold(tmp_path):
+    """Under fsync="commit" a small transaction's outputs are durable only as
+    the copies its decision record carries, taken as they were appended (a
+    batch stored into the mapping, one written with pwritev, the small one
+    after it); after retention took a transaction's first segment (no
+    subscription holds it), the copies of the batches left. A power loss
+    right after each commit keeps every output of it (G4)."""
+    opts = dict(fsync="commit", segment_bytes_max=90_000, retention_bytes=1, retention_check_interval=3600.0,
+                num_coordinators=1, control_socket=False)
+    path = tmp_path / "d"
+    with txmq.Broker(path, **opts) as b:
+        b.create_topic("out", 1)
+    cuts = []
+    with PowerLoss(path) as sim:
+        b = txmq.Broker(path, **opts)
+        try:
+            p = b.producer("out")
+            first = [b"a" * 100, os.urandom(5_000), b"c"]
+            txn = b.new_transaction()
+            for v in first:
+                p.send_batch([v], partition=0, txn=txn)
+            txn.commit()
+            cuts.append((sim.materialise(tmp_path / "cut0"), first))
+            txn = b.new_transaction()
+            for _ in range(2):                                # (with the first's 5 KB: 85 KB, one segment)
+                p.send_batch([os.urandom(40_000)], partition=0, txn=txn)
+            last = os.urandom(40_000)
+            p.send_batch([last], partition=0, txn=txn)        # (the next segment: offset 6)
+            assert b.enforce_retention() == 1 and b._topics["out"].partitions[0].start_offset == 6
+            txn.commit()
+            cuts.append((sim.materialise(tmp_path / "cut1"), [last]))
+        finally:
+            b.close()
+    for where, expected in cuts:
+        with txmq.Broker(where, **opts) as again:
+            c = again.subscribe("out", "check", isolation="read_committed", initial_position="earliest")
+            assert [m.value for m in c.receive_many(100, 0.5)] == expected

@@ -520,11 +520,14 @@ def test_a_first_append_has_no_coordinator_write_of_its_own(tmp_path, monkeypatc
 
 
 UNNAMED_OPEN = r"""
-import os, sys, txmq, txmq.broker.broker
+import os, signal, sys, txmq, txmq.broker.broker
 txmq.broker.broker.TIMEOUT_CHECK_INTERVAL = 3600.0      # (no timeout check writes its frames)
 b = txmq.Broker(sys.argv[1], fsync="commit", num_coordinators=1)
 for name in ("a", "b"):
     b.create_topic(name, 2)
+b.create_topic("in")
+b.producer("in").send(b"input")
+c = b.subscribe("in", "s", initial_position="earliest")
 done = b.new_transaction()
 b.producer("a").send(b"kept", partition=0, txn=done)
 done.commit()
@@ -532,21 +535,26 @@ t = b.new_transaction()
 for name in ("a", "b"):
     for i in (0, 1):
         b.producer(name).send_batch([b"lost-%s%d" % (name.encode(), i)], partition=i, txn=t)
+c.ack(c.receive(1.0), txn=t)
 b.flush()                                      # (its data durable: only its coordinator log misses it)
-print(t.id)
-os._exit(0)
+print(t.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)           # a real kill: nothing closed, nothing flushed
 """
 
 
 def test_a_transaction_killed_before_its_frames_went_out_is_aborted_where_its_data_is(tmp_path):
-    """A crash before the deferred ADD_PARTITION frames are written leaves
-    a transaction's data in partitions no log names: each partition aborts
-    it when it opens (here at first use, after recovery), and
-    read_committed readers move past it."""
+    """A SIGKILL before the deferred ADD_PARTITION frames are written
+    leaves a transaction's data in partitions no log names: each partition
+    aborts it when it opens (here at first use, after recovery),
+    read_committed readers move past it, and its ack is dropped."""
     data = str(tmp_path / "d")
-    txn = run_child(UNNAMED_OPEN, data).split()[-1]
+    out = subprocess.run([sys.executable, "-c", UNNAMED_OPEN, data], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    txn = out.stdout.split()[-1]
     assert L.pack_txn(*txmq.TxnID.parse(txn).words) not in {p[:16] for _, p in frames(tc_log(data))}
     with txmq.Broker(data, fsync="commit", num_coordinators=1) as b:
+        # Its ack went with it (G1, G6): the input comes again.
+        assert [m.value for m in b.subscribe("in", "s").receive_many(10, 0.5)] == [b"input"]
         for name in ("a", "b"):
             for i in (0, 1):
                 c = b.subscribe(name, f"s{i}", isolation="read_committed", initial_position="earliest")
