@@ -296,7 +296,8 @@ class SegmentLog:
         """Write one batch into the active segment, rolling to a new one when
         it is full; return its base offset. Its publish time is now, but
         never before the last batch's. The caller records what the batch
-        changes, then calls :meth:`_maybe_checkpoint`."""
+        changes, then calls :meth:`_at_due` once the active segment reached
+        ``_due_pos``."""
         now = max(self.clock(), self.last_publish_time)
         seg = self._segments[-1]
         base = seg.append(spec, flags, txn_hi, txn_lo, producer_id, producer_epoch, base_sequence, now)
@@ -338,17 +339,13 @@ class SegmentLog:
         self._write_recovery_point()
         self._save_quarantine()
 
-    def _maybe_checkpoint(self) -> None:
-        """Keep the recovery point within :data:`CHECKPOINT_BYTES` of the
-        log end, and writeback started within :data:`WRITEBACK_BYTES` of it."""
-        if self._segments[-1].size >= self._due_pos:
-            self._at_due()
-
     def _at_due(self) -> None:
         """An append reached ``_due_pos`` (partition lock held): a
         checkpoint, or else the writeback of the whole pages appended since
         the last one started (the page the writer is in stays dirty, so its
-        next store takes no fault)."""
+        next store takes no fault). So the recovery point stays within
+        :data:`CHECKPOINT_BYTES` of the log end and, unless fsync="never",
+        writeback within :data:`WRITEBACK_BYTES`."""
         seg = self._segments[-1]
         if seg.size - self._checkpoint_pos >= CHECKPOINT_BYTES:
             self._checkpoint()

@@ -253,7 +253,7 @@ class Partition(SegmentLog):
                                                      self.last_publish_time)
                 segs = self._segments
                 active = segs[-1]
-                if active.size >= self._due_pos:      # (_maybe_checkpoint, inline)
+                if active.size >= self._due_pos:      # (a checkpoint or writeback due)
                     self._at_due()
                     segs = self._segments
                     active = segs[-1]
@@ -475,7 +475,7 @@ class Partition(SegmentLog):
             # (an abort is also indexed in its marker's segment)
             snapshot = self.txns.ended(hi, lo, commit, base, pid, None if commit else self.segment_base(base))
             active = self._segments[-1]
-            if active.size >= self._due_pos:      # (_maybe_checkpoint, inline)
+            if active.size >= self._due_pos:      # (a checkpoint or writeback due)
                 self._at_due()
             self._publish(active.next_offset)
         if snapshot:
