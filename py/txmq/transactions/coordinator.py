@@ -259,7 +259,8 @@ class TransactionCoordinator:
         partition aborts when it opens (module docstring)."""
         key = (partition.topic, partition.index)
         with meta.lock:
-            meta.check_open("send")
+            if meta.state is not TxnState.OPEN:     # (check_open, inline: once per transaction and partition)
+                raise meta.not_open("send")
             if meta.partitions.get(key) is partition:
                 return        # (a topic deleted and created again is a new participant)
             with self.lock:
