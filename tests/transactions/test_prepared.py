@@ -118,6 +118,31 @@ def test_prepared_timeout_aborts_a_prepared_transaction(tmp_path):
         assert values(drain(c)) == [b"m0", b"m1"]
 
 
+def test_prepared_timeout_aborts_one_restored_on_a_coordinator_past_num_coordinators(tmp_path):
+    """A directory last opened with more coordinators keeps the extra ones
+    for their restored prepared transactions: their prepared timeout runs
+    there too, as on any coordinator."""
+    path = tmp_path / "d"
+    with txmq.Broker(path, num_coordinators=4) as b:
+        c, got, txn = _ctp(b, take=1)
+        while txn.id.coordinator != 3:      # (round-robin: the fourth coordinator)
+            txn.abort()
+            txn = b.new_transaction()
+            b.producer("out").send(got[0].value.upper(), partition=0, txn=txn)
+            c.ack(got[0], txn=txn)
+        txn.prepare()
+        txn_id = txn.id
+    with txmq.Broker(path, num_coordinators=1, prepared_timeout=0.2) as b:
+        assert [p["id"] for p in b.prepared_transactions()] == [str(txn_id)]
+        deadline = time.monotonic() + 10
+        while b.prepared_outcome(txn_id) is not TxnState.ABORTED:
+            assert time.monotonic() < deadline, "prepared_timeout never aborted it"
+            time.sleep(0.01)
+        assert b.prepared_transactions() == []
+        c = b.subscribe("in", "s", type="shared")
+        assert values(drain(c)) == [b"m0", b"m1", b"m2"]     # its ack dropped: m0 comes again
+
+
 def test_a_prepared_transaction_survives_reopening_and_a_later_owner_ends_it(tmp_path):
     path = tmp_path / "d"
     with txmq.Broker(path) as b:

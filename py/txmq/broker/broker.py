@@ -682,13 +682,13 @@ class Broker(Recovery, PreparedTransactions):
             tc.forget_applied(participant)
 
     def _expire_transactions(self) -> None:
-        for i, tc in enumerate(self._coordinators):
+        # Every coordinator, those past num_coordinators too (kept from an
+        # opening with more: they begin nothing, but their restored prepared
+        # transactions have a prepared timeout like any other).
+        for tc in self._coordinators:
             if self._closed:
                 return
-            if i < self.num_coordinators:
-                tc.expire()
-            else:                  # (one kept from an opening with more: its restored prepared transactions)
-                tc.write_deferred()
+            tc.expire()
 
     def _retry_transactions(self) -> None:
         for tc in self._coordinators:
