@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -125,13 +126,23 @@ def test_prepared_timeout_aborts_one_restored_on_a_coordinator_past_num_coordina
     path = tmp_path / "d"
     with txmq.Broker(path, num_coordinators=4) as b:
         c, got, txn = _ctp(b, take=1)
-        while txn.id.coordinator != 3:      # (round-robin: the fourth coordinator)
-            txn.abort()
-            txn = b.new_transaction()
-            b.producer("out").send(got[0].value.upper(), partition=0, txn=txn)
-            c.ack(got[0], txn=txn)
-        txn.prepare()
-        txn_id = txn.id
+        txn.abort()
+        done = []
+
+        def prepare_one():             # (each thread's transactions: the next coordinator)
+            t = b.new_transaction()
+            if t.id.coordinator == 3:
+                b.producer("out").send(got[0].value.upper(), partition=0, txn=t)
+                c.ack(got[0], txn=t)
+                t.prepare()
+                done.append(t.id)
+            else:
+                t.abort()
+        while not done:
+            worker = threading.Thread(target=prepare_one)
+            worker.start()
+            worker.join()
+        txn_id = done[0]
     with txmq.Broker(path, num_coordinators=1, prepared_timeout=0.2) as b:
         assert [p["id"] for p in b.prepared_transactions()] == [str(txn_id)]
         deadline = time.monotonic() + 10

@@ -338,10 +338,27 @@ def test_receive_batch_skips_markers_and_aborted(broker):
 # -- the API and admin ------------------------------------------------------------------------
 
 
+def begun_in_threads(broker, threads: int, per_thread: int) -> list:
+    """The ids of ``per_thread`` transactions begun in each of ``threads``
+    threads (one after the other), in each thread's order."""
+    out = []
+
+    def run():
+        out.append([broker.new_transaction().id for _ in range(per_thread)])
+    for _ in range(threads):
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+    return out
+
+
 def test_txn_id_shape(broker):
-    ids = [broker.new_transaction().id for _ in range(8)]
-    assert {i.coordinator for i in ids} == {0, 1, 2, 3}     # round-robin over 4 coordinators
-    i = ids[0]
+    by_thread = begun_in_threads(broker, 4, 3)
+    # One coordinator per thread, the threads round-robin over the 4.
+    assert [{i.coordinator for i in ids} for ids in by_thread] == [{0}, {1}, {2}, {3}]
+    assert all([i.sequence - ids[0].sequence for i in ids] == [0, 1, 2] for ids in by_thread)
+    assert {broker.new_transaction().id.coordinator for _ in range(3)} == {4 % 4}    # this thread: the fifth
+    i = by_thread[1][0]
     assert str(i) == f"({i.coordinator},{i.sequence})"
     hi, lo = i.words
     assert hi >> 48 == i.coordinator and int(i) == (hi << 64) | lo

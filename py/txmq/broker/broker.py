@@ -94,7 +94,8 @@ class Broker(Recovery, PreparedTransactions):
     deletes whole segments below every subscription's mark-delete.
 
     Transactions: ``num_coordinators`` transaction coordinators (default 4)
-    share new transactions round-robin; ``transaction_timeout_max`` seconds
+    share new transactions, the threads that begin them round-robin (one
+    thread's go to one coordinator); ``transaction_timeout_max`` seconds
     (default 900) bounds the timeout a transaction may ask for. A prepared
     transaction (:meth:`Transaction.prepare`) waits for its commit or
     abort however long that takes, unless ``prepared_timeout`` seconds are
@@ -170,6 +171,7 @@ class Broker(Recovery, PreparedTransactions):
         self.transaction_timeout_max = transaction_timeout_max
         self._coordinators: list[TransactionCoordinator] = []
         self._tc_rr = itertools.count()
+        self._tc_of_thread = threading.local()   # .tc: the coordinator of this thread's new transactions
         self.recovered_transactions = {"committed": 0, "aborted": 0}
         self._recovered_ids = set()      # the transactions counted there (one partition opened later
                                          # may abort a transaction another already counted)
@@ -605,9 +607,17 @@ class Broker(Recovery, PreparedTransactions):
 
     def new_transaction(self, timeout: float = 60.0) -> Transaction:
         """Begin a transaction; the coordinator aborts it if it is still open
-        ``timeout`` seconds from now (at most ``transaction_timeout_max``)."""
+        ``timeout`` seconds from now (at most ``transaction_timeout_max``).
+
+        The transactions one thread begins here go to one coordinator (the
+        threads are spread over ``num_coordinators`` round-robin), so the
+        commits one thread pipelines with ``commit_async`` share one sync."""
         self._check_open()
-        return self._begin(self._coordinators[next(self._tc_rr) % self.num_coordinators], timeout)
+        try:
+            tc = self._tc_of_thread.tc
+        except AttributeError:
+            tc = self._tc_of_thread.tc = self._coordinators[next(self._tc_rr) % self.num_coordinators]
+        return self._begin(tc, timeout)
 
     def _check_timeout(self, timeout) -> None:
         if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
