@@ -222,6 +222,39 @@ def test_the_linger_timer_sleeps_while_no_batch_is_open(tmp_path, monkeypatch):
         assert len(calls) == settled, "the linger timer kept running after the transaction ended"
 
 
+def test_open_transactions_whose_batches_went_out_cost_the_timer_nothing(tmp_path, monkeypatch):
+    """An accumulator is the timer's only while it holds messages: 2,000
+    transactions that each sent one message and stay open leave the
+    timer asleep once their batches are appended, and a later send into
+    one of them wakes it again and is appended within linger_ms."""
+    from txmq.client.accumulator import SendBatching
+    calls = []
+    flush_due = SendBatching.flush_due
+    monkeypatch.setattr(SendBatching, "flush_due", lambda self: calls.append(len(self.live)) or flush_due(self))
+    with txmq.Broker(tmp_path / "d", fsync="never", linger_ms=5, control_socket=False) as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        held = []
+        for i in range(2000):
+            txn = b.new_transaction()
+            p.send(b"%d" % i, partition=0, txn=txn)
+            held.append(txn)
+        _wait_until(lambda: b.high_watermark("t", 0) == 2000)       # every batch appended by the timer
+        _wait_until(lambda: not b._batching.live)
+        time.sleep(0.1)
+        settled = len(calls)
+        time.sleep(0.2)
+        assert len(calls) == settled, "the timer kept looking at empty accumulators"
+        p.send(b"again", partition=0, txn=held[7])                  # joins a new batch: the timer wakes
+        _wait_until(lambda: b.high_watermark("t", 0) == 2001)
+        assert len(b._batching.live) <= 1 and all(t.state == "OPEN" for t in held)
+        for txn in held:
+            txn.commit()
+        c = b.subscribe("t", "s", initial_position="earliest")
+        got = [m.value for m in c.receive_many(3000, 1.0)]
+        assert len(got) == 2001 and got[7] == b"7" and b"again" in got
+
+
 def test_a_periodic_task_keeps_running_whatever_it_returns_or_raises():
     runs = []
 

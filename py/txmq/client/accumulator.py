@@ -14,10 +14,11 @@ A batching producer (``broker.producer(topic, batching=True)``) keeps an
 accumulator without a transaction per partition for its sends outside
 transactions, appended by the same rules but for the commit: by size, by
 the timer, when an offset is asked for, on its flush, before its other
-sends to that partition, when it closes, and when the broker closes. Such
-an accumulator is known to the timer only while it holds messages (from
-the send that starts a batch until a flush leaves it empty), so a producer
-flushed and dropped without ``close()`` is not kept alive.
+sends to that partition, when it closes, and when the broker closes. An
+accumulator is known to the timer only while it holds messages (from the
+send that starts a batch until a flush leaves it empty), so a producer
+flushed and dropped without ``close()`` is not kept alive, and a hundred
+thousand open transactions that each sent once cost the timer nothing.
 
 A failed append is kept in its accumulator: every later send into it, its
 flush, and the ids of its messages raise it, and nothing is appended from
@@ -49,8 +50,7 @@ class SendBatching:
         self.linger_ms = linger_ms
         self.linger_s = linger_ms / 1000.0
         self.batch_bytes = batch_bytes
-        self.live: set = set()       # accumulators whose transaction may still commit, and those
-                                     # of batching producers holding messages
+        self.live: set = set()       # accumulators holding messages: the timer's
         self._live_lock = threading.Lock()   # a batching producer's accumulator joining or leaving live
         self.timer = None            # the broker's linger timer (Scheduler.on_demand): armed when
                                      # an accumulator joins live, asleep once live is empty
@@ -73,18 +73,14 @@ class SendBatching:
         acc = SendAccumulator(partition, meta, producer, threading.Lock(), self.flush, limit,
                               partition.max_message_bytes)
         if txn is not None:
-            txn._accumulators.append(acc)
-            self.live.add(acc)
-            if self.timer is not None:
-                self.timer.arm()
-        else:
-            acc.on_start = self._started       # known to the timer while it holds messages
+            txn._accumulators.append(acc)      # (the commit appends what it holds)
+        acc.on_start = self._started           # known to the timer while it holds messages
         return acc
 
     def _started(self, acc: SendAccumulator) -> None:
-        """A batching producer's send started a batch in ``acc``. (flush_due
-        forgets an empty one under the same lock, after checking it holds
-        nothing: a batch started meanwhile is added again here, after.)"""
+        """A send started a batch in ``acc``. (flush_due forgets an empty
+        one under the same lock, after checking it holds nothing: a batch
+        started meanwhile is added again here, after.)"""
         with self._live_lock:
             self.live.add(acc)
         if self.timer is not None:
@@ -124,7 +120,10 @@ class SendBatching:
         for acc in list(self.live):
             if acc.error is not None or (acc.meta is not None and acc.meta.state is not TxnState.OPEN):
                 self.live.discard(acc)
-            elif acc.meta is None and not acc.pending:
+            elif not acc.pending:
+                # Empty (its batch appended): forgotten until a send starts
+                # the next, so open transactions that sent once and wait
+                # cost the timer nothing.
                 with self._live_lock:
                     if not acc.pending:
                         self.live.discard(acc)
