@@ -239,10 +239,11 @@ def test_consume_transform_produce(fsync, side, measure, tmp_path, request):
 
 OPEN_TXNS = {"10 open": 10, "100k open": 100_000}
 # A round is 20,000 transactions. A coordinator compacts its log after
-# 2,048 frames plus 16 per live transaction, so with 100,000 open ones a
-# compaction (about 5 us per live transaction) comes once per ~400,000
-# transactions of that coordinator, outside most rounds: the median leaves
-# it out, its amortised cost is about 1.3 us per transaction.
+# 16,384 frames plus 16 per live transaction (or 16 MiB plus 1 KiB per live
+# transaction), so with 100,000 open ones a compaction (about 5 us per live
+# transaction) comes once per ~400,000 transactions of that coordinator,
+# outside most rounds: the median leaves it out, its amortised cost is
+# about 1.3 us per transaction.
 FRESH_PER_ROUND = 20_000
 
 
@@ -411,13 +412,13 @@ def test_ack_in_a_transaction_holding_many(measure, benchmark, results, tmp_path
 # -- 6. reopen after SIGKILL with many transactions in the logs ---------------------------
 
 # What opening replays is bounded by cycles, not by the count: a
-# coordinator log is compacted once it holds 2,048 frames (plus 4 per live
-# transaction), i.e. every ~512 transactions of 4 frames on each of the 4
-# coordinators, and each compaction also writes a recovery point in the
-# partitions it touched; the transaction buffer is snapshotted every 1,000
-# ended transactions. Where in those cycles the kill lands decides what is
-# replayed; measured: 10,000 leaves 1,809 coordinator frames per log and
-# 1,025,684 leaves 1,685 (a third point, at another phase of the cycles).
+# coordinator log is compacted once it holds 16,384 frames (plus 16 per
+# live transaction), i.e. every ~4,000 transactions of 4 frames (one
+# thread's transactions all go to one coordinator), and each compaction
+# also writes a recovery point in the partitions it touched; the
+# transaction buffer is snapshotted every 1,000 ended transactions. Where
+# in those cycles the kill lands decides what is replayed (10,000 and
+# 1,025,684 transactions end at different phases of them).
 REOPEN_TXNS = {"10k txns": 10_000, "1M txns": 1_000_000, "1.02M txns": 1_025_684}
 
 CHILD = r"""

@@ -199,6 +199,7 @@ cdef class RedoLog(Budgeted):
     cdef public Py_ssize_t size          # bytes of frames in the file (the zeros ahead not counted)
     cdef public Py_ssize_t allocated     # the file's length: zeros from size to here
     cdef public Py_ssize_t frames_since_snapshot
+    cdef Py_ssize_t _snapshot_end        # the file's byte after its last SNAPSHOT frame (or its header)
     cdef public Py_ssize_t written       # bytes appended by this object, ever
     cdef public Py_ssize_t synced_written  # ... of which durable
     cdef int _fd
@@ -276,7 +277,7 @@ cdef class RedoLog(Budgeted):
             os.pwrite(fd, FILE_HEADER, 0)
         finally:
             self._unuse()
-        self.size = self.allocated = FILE_HEADER_SIZE
+        self.size = self.allocated = self._snapshot_end = FILE_HEADER_SIZE
 
     def replay(self, bint positions=False):
         """Frames from the last SNAPSHOT on, as ``[(type, payload)]``, or
@@ -313,9 +314,11 @@ cdef class RedoLog(Budgeted):
             self.allocated = end
         self.size = end
         last = 0
+        self._snapshot_end = FILE_HEADER_SIZE
         for i, f in enumerate(frames):
             if f[0] == SNAPSHOT:
                 last = i
+                self._snapshot_end = f[2] + FRAME_HEADER_SIZE + len(f[1])
         frames = frames[last:]
         self.frames_since_snapshot = len(frames)
         if positions:
@@ -445,11 +448,19 @@ cdef class RedoLog(Budgeted):
         with self._sync_lock:
             self._compact(snapshot_payload)
 
-    def compact_due(self, frames):
-        """Whether ``frames`` frames since the last snapshot call for a
+    def compact_due(self, frames, Py_ssize_t nbytes=-1):
+        """Whether ``frames`` frames since the last snapshot (or, with
+        ``nbytes`` >= 0, that many bytes of frames after it) call for a
         compaction (:meth:`try_compact`), counting from the last one a
         full disk refused, if any, so a full disk is not retried per frame."""
-        return self.frames_since_snapshot >= frames and self.frames_since_snapshot >= self._retry_at
+        return ((self.frames_since_snapshot >= frames
+                 or (nbytes >= 0 and self.size - self._snapshot_end >= nbytes))
+                and self.frames_since_snapshot >= self._retry_at)
+
+    @property
+    def bytes_since_snapshot(self):
+        """Bytes of frames after the last SNAPSHOT frame (or the header)."""
+        return self.size - self._snapshot_end
 
     def defer_compaction(self, retry_frames=COMPACT_RETRY_FRAMES):
         """:meth:`compact_due` stays false for ``retry_frames`` more frames
@@ -499,7 +510,7 @@ cdef class RedoLog(Budgeted):
             os.close(old)
         finally:
             self._unuse()
-        self.size = len(buf)
+        self.size = self._snapshot_end = len(buf)
         self.allocated = len(buf)        # (the next append writes the zeros ahead)
         self.frames_since_snapshot = 1
         self._deferred = []              # (what they said, the snapshot holds)

@@ -283,6 +283,39 @@ def test_a_compaction_a_full_disk_refuses_leaves_the_log_as_it_was(tmp_path, mon
     log.close()
 
 
+@pytest.mark.parametrize("fsync,preallocate", [("never", 0), ("commit", 4096)])
+def test_compaction_is_due_by_bytes_since_the_last_snapshot(tmp_path, fsync, preallocate):
+    """``compact_due(frames, nbytes)``: due after ``nbytes`` bytes of frames
+    following the last SNAPSHOT frame (its own bytes not counted), whatever
+    the frame count; counted again from a compaction and from the last
+    snapshot a reopened log replays; zeros written ahead never count."""
+    frame_bytes = _redolog.FRAME_HEADER_BYTES + 100
+    log = RedoLog(tmp_path / "l.log", fsync, preallocate)
+    for i in range(9):
+        log.append(7, b"x" * 100)
+    assert log.bytes_since_snapshot == 9 * frame_bytes
+    assert not log.compact_due(1000, 10 * frame_bytes) and not log.compact_due(10)
+    log.append(7, b"x" * 100)
+    assert log.compact_due(1000, 10 * frame_bytes) and log.compact_due(1000, -1) is False
+    log.compact(b"s" * 5000)                       # (a big snapshot counts for nothing)
+    assert log.bytes_since_snapshot == 0 and not log.compact_due(1000, 1)
+    for i in range(3):
+        log.append(7, b"y" * 100)
+    log.close()
+    again = RedoLog(tmp_path / "l.log", fsync, preallocate)
+    assert [p[:1] for _, p in again.replay()] == [b"s", b"y", b"y", b"y"]
+    assert again.bytes_since_snapshot == 3 * frame_bytes
+    assert again.compact_due(1000, 3 * frame_bytes) and not again.compact_due(1000, 3 * frame_bytes + 1)
+    again.close()
+    fresh = RedoLog(tmp_path / "m.log", fsync, preallocate)     # no snapshot: counted from the header
+    fresh.append(7, b"z")
+    fresh.close()
+    fresh = RedoLog(tmp_path / "m.log", fsync, preallocate)
+    fresh.replay()
+    assert fresh.bytes_since_snapshot == _redolog.FRAME_HEADER_BYTES + 1
+    fresh.close()
+
+
 def test_a_deferred_frame_goes_out_at_the_front_of_the_next_write(tmp_path, monkeypatch):
     """defer() writes nothing; the next write carries the deferred frames
     first, in the same pwrite; close() writes what is still deferred."""

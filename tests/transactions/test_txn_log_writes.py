@@ -567,3 +567,28 @@ def test_a_transaction_killed_before_its_frames_went_out_is_aborted_where_its_da
         after.commit()
         c = b.subscribe("b", "late", isolation="read_committed", initial_position="earliest")
         assert [m.value for m in c.receive_many(10, 0.5)] == [b"after"]
+
+
+@pytest.mark.parametrize("compact_bytes,compacted", [(200_000, True), (10**9, False)])
+def test_decisions_with_copies_compact_the_log_by_bytes(tmp_path, monkeypatch, compact_bytes, compacted):
+    """At fsync="commit" a small output is copied into its decision record
+    (~11 KB for 100 x 100 B), so the log compacts after COMPACT_BYTES of
+    frames (plus LIVE_BYTES per live transaction), long before
+    COMPACT_FRAMES frames."""
+    monkeypatch.setattr(coordinator, "COMPACT_BYTES", compact_bytes)
+    monkeypatch.setattr(coordinator, "LIVE_BYTES", 0)
+    with txmq.Broker(tmp_path / "d", fsync="commit", num_coordinators=1) as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        tc = b._coordinators[0]
+        start = tc.log.frames_since_snapshot
+        for _ in range(30):
+            txn = b.new_transaction()
+            p.send_batch([b"v" * 100] * 100, txn=txn)
+            txn.commit()
+        # (each commit adds a DECIDED frame of ~11 KB and BEGIN, ADD_PARTITION, COMMITTED)
+        if compacted:
+            assert tc.log.bytes_since_snapshot < compact_bytes
+        else:
+            assert tc.log.bytes_since_snapshot > 30 * 11_000 and tc.log.frames_since_snapshot >= start + 90
+        assert len(b.subscribe("t", "s", initial_position="earliest").receive_many(5000, 0.5)) == 3000
