@@ -592,3 +592,41 @@ def test_decisions_with_copies_compact_the_log_by_bytes(tmp_path, monkeypatch, c
         else:
             assert tc.log.bytes_since_snapshot > 30 * 11_000 and tc.log.frames_since_snapshot >= start + 90
         assert len(b.subscribe("t", "s", initial_position="earliest").receive_many(5000, 0.5)) == 3000
+
+
+def test_a_full_disk_stops_no_abort_and_a_refused_decision_aborts(tmp_path, monkeypatch):
+    """An abort's ABORTING frame is not needed by recovery (a transaction
+    with no decision logged is aborted on open): a full disk refusing it
+    aborts the transaction all the same, and the frame goes out with the
+    log's next write. A commit whose DECIDED frame a full disk refuses
+    raises StorageFullError and leaves the transaction aborted, not stuck."""
+    import errno
+    from txmq import TxnState
+    from txmq.errors import StorageFullError
+    data = str(tmp_path / "d")
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        b.create_topic("t")
+        p = b.producer("t")
+        rc = b.subscribe("t", "rc", initial_position="earliest")
+        dropped, refused = b.new_transaction(), b.new_transaction()
+        p.send_batch([b"dropped"], txn=dropped)
+        p.send_batch([b"refused"], txn=refused)
+
+        def full(fd, data, pos):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(_redolog, "pwrite_all", full)
+        dropped.abort()
+        assert dropped.state is TxnState.ABORTED
+        with pytest.raises(StorageFullError):
+            refused.commit()
+        assert refused.state is TxnState.ABORTED
+        monkeypatch.undo()
+        kept = b.new_transaction()
+        p.send_batch([b"kept"], txn=kept)
+        kept.commit()                                    # (its write carries the deferred ABORTING frames)
+        for txn in (dropped, refused):
+            assert kinds_of(tc_log(data), txn)[-2:] == [L.TC_ABORTING, L.TC_ABORTED]
+        assert [m.value for m in rc.receive_many(10, 0.5)] == [b"kept"]
+    with txmq.Broker(data, fsync="never", num_coordinators=1) as b:
+        rc = b.subscribe("t", "rc2", initial_position="earliest")
+        assert [m.value for m in rc.receive_many(10, 0.5)] == [b"kept"]

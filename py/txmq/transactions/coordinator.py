@@ -548,7 +548,16 @@ class TransactionCoordinator:
         files) needs no frame at all."""
         with self.lock:
             if meta.logged:
-                self.log.append(TC_ABORTING, pack_txn(*meta.words))
+                frame = pack_txn(*meta.words)
+                try:
+                    self.log.append(TC_ABORTING, frame)
+                except StorageFullError:
+                    if meta.record is not None:
+                        raise           # (after a PREPARED frame: recovery would keep it PREPARED)
+                    # A full disk does not stop an abort: with no decision
+                    # logged, recovery aborts it all the same, so the frame
+                    # waits for the log's next write.
+                    self.log.defer(TC_ABORTING, frame)
             meta.decided = False
         if self._apply(meta.id, False, participants):
             self._finish(meta, False)
