@@ -6,7 +6,6 @@ import time
 from concurrent.futures import Future
 
 from txmq.errors import InvalidArgumentError
-from txmq.transactions.coordinator import CommitFuture
 from txmq.transactions.records import TxnID, TxnState
 
 XID_BYTES_MAX = 0xFFFF      # a prepared transaction's global id, stored as a u16-length string
@@ -167,7 +166,7 @@ class Transaction:
         As in :meth:`commit`, the batches of its one-message sends still
         accumulating are appended first (an error doing so aborts the
         transaction, through the future)."""
-        future = CommitFuture(self._coordinator)
+        future = Future()
         future.set_running_or_notify_cancel()
         try:
             self._broker._check_open()

@@ -56,7 +56,6 @@ import logging
 import struct
 import threading
 import time
-from concurrent.futures import Future
 
 from txmq import crashpoints
 from txmq._redolog import RedoLog
@@ -107,29 +106,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class CommitFuture(Future):
-    """The future of a ``commit_async`` commit. A thread that waits on it
-    (``result``, ``exception``) while its commit is still queued finishes
-    the queue itself (sync, fan-out, every queued future resolved) rather
-    than wait for the coordinator's flusher thread to get the GIL: the one
-    sync and the fan-out are the same, without the two hand-overs of the
-    GIL between threads. Callbacks run in whichever thread finished it."""
-
-    def __init__(self, coordinator):
-        super().__init__()
-        self._coordinator = coordinator
-
-    def result(self, timeout=None):
-        if not self.done():
-            self._coordinator._finish_queued()
-        return super().result(timeout)
-
-    def exception(self, timeout=None):
-        if not self.done():
-            self._coordinator._finish_queued()
-        return super().exception(timeout)
-
-
 class TransactionCoordinator:
     """One coordinator: its log, its live transactions, their timeouts."""
 
@@ -155,7 +131,6 @@ class TransactionCoordinator:
         self._flusher = None               # the thread that finishes commit_async commits
         self._queued = collections.deque()  # (future, meta, participants, mark) for it
         self._queue_cond = threading.Condition(threading.Lock())
-        self._finish_lock = threading.Lock()   # held by whoever finishes queued commits (_finish_queued)
         self._closing = False
 
     # -- recovery --------------------------------------------------------------
@@ -574,25 +549,14 @@ class TransactionCoordinator:
             self._queue_cond.notify()
 
     def _flush_loop(self) -> None:
-        """The flusher thread: :meth:`_finish_queued` whenever commits are
-        queued, until the coordinator closes."""
+        """Sync once for every decision queued so far, then fan each out
+        and resolve its future, in the order they were decided."""
         while True:
             with self._queue_cond:
                 while not self._queued and not self._closing:
                     self._queue_cond.wait()
                 if not self._queued:
                     return
-            self._finish_queued()
-
-    def _finish_queued(self) -> bool:
-        """Sync once for every commit queued so far, then fan each out and
-        resolve its future, in the order they were decided; False when
-        none was queued. One thread at a time runs it: the flusher, or one
-        waiting on a queued commit's future (:class:`CommitFuture`)."""
-        with self._finish_lock:
-            with self._queue_cond:
-                if not self._queued:
-                    return False
                 todo = list(self._queued)
                 self._queued.clear()
             try:
@@ -600,7 +564,7 @@ class TransactionCoordinator:
             except BaseException as e:      # the log is unusable: nothing here is known durable
                 for future, *_ in todo:
                     future.set_exception(e)
-                return True
+                continue
             if crashpoints.ARMED:
                 crashpoints.reached("txn.decided")
             for future, meta, participants, _ in todo:
@@ -612,7 +576,6 @@ class TransactionCoordinator:
                     future.set_exception(e)
                     continue
                 future.set_result(None)
-        return True
 
     def drain(self) -> None:
         """Finish every queued commit_async commit and stop the flusher."""
