@@ -447,6 +447,7 @@ cdef class RedoLog(Budgeted):
         disk StorageFullError, and the log is as it was."""
         with self._sync_lock:
             self._compact(snapshot_payload)
+        self._retry_at = 0             # (a refused compaction's wait ends with any that succeeds)
 
     def compact_due(self, frames, Py_ssize_t nbytes=-1):
         """Whether ``frames`` frames since the last snapshot (or, with

@@ -280,6 +280,13 @@ def test_a_compaction_a_full_disk_refuses_leaves_the_log_as_it_was(tmp_path, mon
     log.append(7, b"g")
     assert log.compact_due(5) and log.try_compact(b"snap") is True
     assert [p for _, p in log.replay()] == [b"snap"]
+    monkeypatch.setattr(os, "write", full)              # refused again, then an explicit compact succeeds:
+    assert log.try_compact(b"snap2") is False           # the wait the refusal set ends with it
+    monkeypatch.setattr(os, "write", real_write)
+    log.compact(b"snap3")
+    for i in range(5):
+        log.append(7, b"h")
+    assert log.compact_due(5)
     log.close()
 
 
