@@ -11,7 +11,7 @@ has the frames) and a timeout tracker. Ending a transaction is two-phase:
    record to carry a copy of (more than ``decision.REDO_COPY_MAX`` bytes);
 2. decide: a commit appends one DECIDED frame, which names all of that and
    carries the copies, and syncs the log: that one flush is the commit
-   point. An abort appends ABORTING and syncs nothing;
+   point. An abort defers ABORTING (no write of its own) and syncs nothing;
 3. fan out: every partition writes its marker, every subscription applies or
    drops its pending acks, all in the page cache; a participant that fails
    is retried by the broker's scheduler until it succeeds;
@@ -517,22 +517,19 @@ class TransactionCoordinator:
         self._abort(meta, participants)
 
     def _abort(self, meta: TxnMeta, participants: list) -> None:
-        """Steps 2 to 4 of an abort: ABORTING needs no sync (a transaction
-        without a durable decision is aborted by recovery anyway), and a
-        transaction the log does not know (it never reached a partition's
-        files) needs no frame at all."""
+        """Steps 2 to 4 of an abort. Recovery aborts a transaction that has
+        no decision logged, so ABORTING has no write of its own (it goes
+        out with the log's next write, like the ABORTED frame after it: a
+        full disk does not stop an abort), except after the PREPARED frame
+        of a prepare whose sync failed, which recovery would otherwise
+        restore: there it is written at once. A transaction the log does not know
+        (it never reached a partition's files) needs no frame at all."""
         with self.lock:
             if meta.logged:
-                frame = pack_txn(*meta.words)
-                try:
-                    self.log.append(TC_ABORTING, frame)
-                except StorageFullError:
-                    if meta.record is not None:
-                        raise           # (after a PREPARED frame: recovery would keep it PREPARED)
-                    # A full disk does not stop an abort: with no decision
-                    # logged, recovery aborts it all the same, so the frame
-                    # waits for the log's next write.
-                    self.log.defer(TC_ABORTING, frame)
+                if meta.record is None:
+                    self.log.defer(TC_ABORTING, pack_txn(*meta.words))
+                else:
+                    self.log.append(TC_ABORTING, pack_txn(*meta.words))
             meta.decided = False
         if self._apply(meta.id, False, participants):
             self._finish(meta, False)
