@@ -5,6 +5,8 @@ so a key lands on the partition a Kafka client would pick."""
 from libc.stdint cimport int32_t, uint32_t, uint8_t
 import numpy as np
 
+from txmq.errors import InvalidMessageError
+
 cdef inline uint32_t _murmur2(const uint8_t *data, Py_ssize_t length) noexcept nogil:
     cdef uint32_t seed = 0x9747b28c, m = 0x5bd1e995, h, k
     cdef int r = 24
@@ -78,6 +80,8 @@ def partitions_for_list(list keys, int num_partitions):
             continue
         if isinstance(k, str):
             k = (<str>k).encode()
+        elif not isinstance(k, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError(f"key at index {i} (expected bytes, str or None)", k)   # (as BatchSpec's)
         v = k if len(k) else b"\0"
         o[i] = (_murmur2(&v[0], len(k)) & 0x7fffffff) % num_partitions
     return out

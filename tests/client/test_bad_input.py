@@ -86,6 +86,16 @@ def test_send_batch_refuses_what_is_not_a_sequence_of_messages(broker, values):
     assert log_values(broker) == []
 
 
+@pytest.mark.parametrize("keys", [(0, 0), [b"k", 1.5]])
+def test_send_batch_keys_that_are_not_bytes_are_invalid_messages_on_any_topic(broker, keys):
+    """Keys routing a batch over several partitions are checked as a
+    one-partition topic's are: an InvalidMessageError, not a TypeError."""
+    broker.create_topic("multi", 3)
+    with pytest.raises(errors.InvalidMessageError, match="key at index"):
+        broker.producer("multi").send_batch([b"a", b"b"], keys=keys)
+    assert broker.high_watermark("multi", 0) == 0
+
+
 def test_send_batch_takes_any_iterable(broker):
     p = broker.producer("t")
     mids = p.send_batch(iter([b"a", b"b"]), partition=0)
